@@ -26,18 +26,30 @@ def _models(sub: argparse._SubParsersAction) -> None:
 
 
 def _generate(sub: argparse._SubParsersAction) -> None:
-    from .core.cli_generate import add_generate_parser
+    from .generate_cli import add_generate_parser
 
     add_generate_parser(sub)
 
 
-def _make_random_drafter(sub: argparse._SubParsersAction) -> None:
-    from .core.random_drafter import add_random_drafter_parser
+def _random_drafter(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("random-drafter", help="write a random DFlash drafter checkpoint for a target")
+    p.add_argument("--target", required=True)
+    p.add_argument("--out", required=True)
+    p.add_argument("--layers", type=int, default=1)
+    p.add_argument("--block-size", type=int, default=16)
+    p.add_argument("--mask-token-id", type=int, default=None)
+    p.add_argument("--seed", type=int, default=0)
 
-    add_random_drafter_parser(sub)
+    def run(a: argparse.Namespace) -> int:
+        from .core.random_drafter import build_random_drafter
+
+        print(build_random_drafter(a.target, a.out, a.layers, a.block_size, a.mask_token_id, a.seed))
+        return 0
+
+    p.set_defaults(func=run)
 
 
-SUBCOMMANDS = [_models]
+SUBCOMMANDS = [_models, _generate, _random_drafter]
 
 
 def build_parser() -> argparse.ArgumentParser:

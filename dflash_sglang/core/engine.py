@@ -1,0 +1,203 @@
+"""Reference DFlash engine over an HF transformers target: batched, exact, readable.
+
+One step for a batch of requests (B = block size):
+  draft   block [last committed token, mask x (B-1)] -> drafter -> B-1 draft tokens (+ their probs)
+  verify  the target runs the whole block once (positions n-1 .. n+B-2) -> logits and tap states
+  accept  core.verify: longest accepted prefix + one bonus token per request (ragged)
+  commit  block positions 0..accept_len stay valid in the target KV; the rest are masked out forever;
+          their tap states are projected into the drafter's context KV. The bonus token is NOT in
+          any cache yet: it is position 0 of the next block (the paper's bonus handling).
+Rejected target KV is masked, not cropped (HF caches cannot crop per row); finished requests are
+dropped from the batch, which bounds the waste.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from .draft_cache import DraftContextCache
+from .drafter import DFlashDrafter
+from .sampling import SamplingConfig, probs_from_logits, sample_from_probs
+from .target import HFTarget, TargetOutput
+from .verify import VerifyResult, verify
+
+SAMPLING_MODES = ("rejection", "target_only")
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    block_size: int
+    max_new_tokens: int
+    eos_token_ids: tuple[int, ...] = ()
+    sampling_mode: str = "rejection"  # "rejection" (draft probs) | "target_only" (argmax drafts)
+
+    def __post_init__(self) -> None:
+        if self.block_size < 1:
+            raise ValueError(f"block_size={self.block_size}: must be >= 1")
+        if self.sampling_mode not in SAMPLING_MODES:
+            raise ValueError(f"sampling_mode={self.sampling_mode!r}: use one of {SAMPLING_MODES}")
+
+
+@dataclass
+class RequestResult:
+    output_ids: list[int]
+    steps: int = 0  # verify steps this request took part in
+    committed_per_step: list[int] = field(default_factory=list)  # accept_len + 1 per step
+
+
+@dataclass
+class _Batch:
+    """Live requests. Rows are compacted when requests finish; `req` maps row -> request index."""
+
+    req: torch.Tensor  # [bs] request index
+    last: torch.Tensor  # [bs] newest committed token (not yet in any cache)
+    n: torch.Tensor  # [bs] committed length, prompt + output, including `last`
+    kv_valid: torch.Tensor  # [bs, T] target KV slots that hold committed tokens
+    cache: object  # HF DynamicCache, T slots per row
+    draft: DraftContextCache | None  # None for plain decoding
+    sampling: SamplingConfig
+
+
+class ReferenceEngine:
+    def __init__(self, target: HFTarget, drafter: DFlashDrafter, cfg: EngineConfig) -> None:
+        drafter.cfg.validate_against(target.spec)
+        self.target, self.drafter, self.cfg = target, drafter, cfg
+        self.mask_id = int(drafter.cfg.mask_token_id)  # validated above
+        self.injected = 0  # context positions projected into draft KV, over all generate() calls
+
+    @torch.no_grad()
+    def generate(
+        self, prompts: list[list[int]], sampling: SamplingConfig, generator: torch.Generator | None = None
+    ) -> list[RequestResult]:
+        results = [RequestResult([]) for _ in prompts]
+        batch, out, pos, valid = _prefill(self.target, prompts, sampling, generator, results)
+        cap = pos.shape[1] + self.cfg.max_new_tokens + self.cfg.block_size + 1
+        batch.draft = DraftContextCache(self.drafter, len(prompts), cap, out.taps.device, out.taps.dtype)
+        batch.draft.inject(out.taps, pos, valid)
+        batch = _retire(batch, results, self.cfg)
+        while batch is not None:
+            block, draft_probs = self._draft(batch, generator)
+            positions = _block_positions(batch, self.cfg.block_size)
+            out = self.target.forward(block, positions, _visible(batch, self.cfg.block_size), batch.cache)
+            res = verify(block, out.logits, batch.sampling, draft_probs, generator)
+            self._commit(batch, block, out.taps, res, results)
+            batch = _retire(batch, results, self.cfg)
+        return results
+
+    def _draft(
+        self, b: _Batch, generator: torch.Generator | None
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """-> block tokens [bs, B] and the draft probabilities [bs, B-1, V] (None: argmax drafts)."""
+        bsz, nb = b.last.shape[0], self.cfg.block_size
+        block = torch.full((bsz, nb), self.mask_id, dtype=torch.long, device=b.last.device)
+        block[:, 0] = b.last
+        if nb == 1:
+            return block, None
+        assert b.draft is not None
+        embeds = self.target.embed(block)
+        hidden = self.drafter.forward_block(embeds, _block_positions(b, nb), b.draft.view())
+        logits = self.drafter.logits(hidden[:, 1:], self.target.lm_head_weight).float()  # [bs, B-1, V]
+        if self.cfg.sampling_mode == "target_only":
+            block[:, 1:] = logits.argmax(-1)
+            return block, None
+        q = probs_from_logits(logits, b.sampling)
+        block[:, 1:] = sample_from_probs(q, generator)
+        return block, q
+
+    def _commit(self, b: _Batch, block: torch.Tensor, taps: torch.Tensor, res: VerifyResult,
+                results: list[RequestResult]) -> None:
+        nb = self.cfg.block_size
+        keep = torch.arange(nb, device=block.device)[None] <= res.accept_len[:, None]  # [bs, B]
+        b.kv_valid = torch.cat([b.kv_valid, keep], dim=1)
+        assert b.draft is not None
+        before = b.draft.injected
+        b.draft.inject(taps, _block_positions(b, nb), keep)
+        self.injected += b.draft.injected - before
+        for row, (r, k) in enumerate(zip(b.req.tolist(), res.num_committed.tolist(), strict=True)):
+            out = results[r]
+            out.output_ids.extend(res.committed[row, :k].tolist())
+            out.steps += 1
+            out.committed_per_step.append(k)
+        b.last = res.bonus
+        b.n = b.n + res.num_committed
+
+
+# ---------------------------------------------------------------------------- shared phases
+def _prefill(
+    target: HFTarget, prompts: list[list[int]], sampling: SamplingConfig,
+    generator: torch.Generator | None, results: list[RequestResult],
+) -> tuple[_Batch, TargetOutput, torch.Tensor, torch.Tensor]:
+    """Left-padded prompt pass; samples each request's first token. -> batch, output, pos, valid."""
+    from transformers import DynamicCache
+
+    dev = target.device
+    bs, plen = len(prompts), max(len(p) for p in prompts)
+    ids = torch.zeros(bs, plen, dtype=torch.long, device=dev)
+    valid = torch.zeros(bs, plen, dtype=torch.bool, device=dev)
+    for i, p in enumerate(prompts):  # left padding: the last column is every prompt's last token
+        ids[i, plen - len(p):] = torch.tensor(p, device=dev)
+        valid[i, plen - len(p):] = True
+    pos = (valid.long().cumsum(1) - 1).clamp_min(0)  # [bs, P]
+    cache = DynamicCache()
+    out = target.forward(ids, pos, valid.long(), cache)
+    first = sample_from_probs(probs_from_logits(out.logits[:, -1], sampling), generator)  # [bs]
+    for i, t in enumerate(first.tolist()):
+        results[i].output_ids.append(t)
+    n = torch.tensor([len(p) + 1 for p in prompts], device=dev)
+    return _Batch(torch.arange(bs, device=dev), first, n, valid, cache, None, sampling), out, pos, valid
+
+
+def _block_positions(b: _Batch, nb: int) -> torch.Tensor:
+    return (b.n - 1)[:, None] + torch.arange(nb, device=b.n.device)  # [bs, B]
+
+
+def _visible(b: _Batch, nb: int) -> torch.Tensor:
+    """HF 2D attention mask for a step of nb new tokens: [bs, T + nb]."""
+    ones = torch.ones(b.kv_valid.shape[0], nb, dtype=torch.long, device=b.n.device)
+    return torch.cat([b.kv_valid.long(), ones], dim=1)
+
+
+def _retire(b: _Batch, results: list[RequestResult], cfg: EngineConfig) -> _Batch | None:
+    """Truncate finished requests at EOS / max_new_tokens and drop them from the batch."""
+    alive = []
+    for row, r in enumerate(b.req.tolist()):
+        out = results[r].output_ids
+        stop = next((i for i, t in enumerate(out) if t in cfg.eos_token_ids), None)
+        if stop is not None or len(out) >= cfg.max_new_tokens:
+            del out[min(cfg.max_new_tokens, len(out) if stop is None else stop + 1):]
+        else:
+            alive.append(row)
+    if not alive:
+        return None
+    if len(alive) < b.req.shape[0]:
+        rows = torch.tensor(alive, device=b.req.device)
+        b.cache.batch_select_indices(rows)
+        if b.draft is not None:
+            b.draft.select(rows)
+        b.req, b.last, b.n, b.kv_valid = b.req[rows], b.last[rows], b.n[rows], b.kv_valid[rows]
+        s = b.sampling
+        b.sampling = SamplingConfig(s.temperature[rows], s.top_k[rows], s.top_p[rows])
+    return b
+
+
+@torch.no_grad()
+def autoregressive_generate(
+    target: HFTarget, prompts: list[list[int]], max_new_tokens: int, eos_token_ids: tuple[int, ...],
+    sampling: SamplingConfig, generator: torch.Generator | None = None,
+) -> list[list[int]]:
+    """Plain decoding of a (left-padded) batch with the target alone: the baseline."""
+    cfg = EngineConfig(block_size=1, max_new_tokens=max_new_tokens, eos_token_ids=eos_token_ids)
+    results = [RequestResult([]) for _ in prompts]
+    batch = _retire(_prefill(target, prompts, sampling, generator, results)[0], results, cfg)
+    while batch is not None:
+        block = batch.last[:, None]
+        out = target.forward(block, _block_positions(batch, 1), _visible(batch, 1), batch.cache)
+        res = verify(block, out.logits, batch.sampling, None, generator)
+        batch.kv_valid = torch.cat([batch.kv_valid, torch.ones_like(batch.kv_valid[:, :1])], dim=1)
+        for row, r in enumerate(batch.req.tolist()):
+            results[r].output_ids.append(int(res.bonus[row]))
+        batch.last, batch.n = res.bonus, batch.n + 1
+        batch = _retire(batch, results, cfg)
+    return [r.output_ids for r in results]

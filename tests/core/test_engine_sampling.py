@@ -45,7 +45,8 @@ def exact_law(model, sampling: SamplingConfig, n: int) -> dict[tuple[int, ...], 
 
 def chi2_pvalue(samples: list[tuple[int, ...]], law: dict[tuple[int, ...], float]) -> float:
     keys = sorted(law)
-    exp = np.array([law[k] for k in keys]) * len(samples)
+    exp = np.array([law[k] for k in keys])
+    exp = exp / exp.sum() * len(samples)  # float32 softmax sums to 1 only within ~1e-7
     counts = dict.fromkeys(keys, 0)
     for s in samples:
         counts[s] += 1

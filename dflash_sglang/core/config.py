@@ -73,6 +73,11 @@ class DFlashConfig:
     # ------------------------------------------------------------------ parsing
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> DFlashConfig:
+        if not isinstance(d, dict):
+            raise DFlashConfigError(
+                f"config.json holds a {type(d).__name__}, not a JSON object; "
+                "use a DFlash checkpoint's config.json"
+            )
         archs = d.get("architectures") or []
         if archs and DRAFT_ARCHITECTURE not in archs:
             raise DFlashConfigError(
@@ -80,44 +85,73 @@ class DFlashConfig:
                 "(pass a DFlash draft checkpoint as the draft model)"
             )
         dd: dict[str, Any] = d.get("dflash_config") or {}
+        if not isinstance(dd, dict):
+            raise DFlashConfigError(
+                f"dflash_config={dd!r}: must be an object with target_layer_ids and mask_token_id"
+            )
 
-        def need(name: str) -> Any:
+        def num(name: str, value: Any, kind: type = int) -> Any:
+            try:
+                if isinstance(value, bool) or (kind is int and float(value) != int(value)):
+                    raise ValueError
+                return kind(value)
+            except (TypeError, ValueError, OverflowError):
+                raise DFlashConfigError(f"{name}={value!r}: must be a number ({kind.__name__})") from None
+
+        def need(name: str) -> int:
             if name not in d or d[name] is None:
                 raise DFlashConfigError(f"config.json lacks {name!r}; add it (Qwen3-style drafter field)")
-            return d[name]
+            return num(name, d[name])
 
         def pick(name: str, default: Any = None) -> Any:
-            return dd[name] if dd.get(name) is not None else d.get(name, default)
+            """dflash_config value, else the top-level one, else ``default`` (null counts as absent)."""
+            value = dd.get(name)
+            value = d.get(name) if value is None else value
+            return default if value is None else value
 
-        heads = int(need("num_attention_heads"))
-        hidden = int(need("hidden_size"))
-        layers = int(need("num_hidden_layers"))
-        num_target_layers = int(need("num_target_layers"))
+        def opt(name: str, value: Any, kind: type = int) -> Any:
+            return None if value is None else num(name, value, kind)
+
+        def top(name: str, default: Any, kind: type = int) -> Any:
+            return default if d.get(name) is None else num(name, d[name], kind)
+
+        heads = need("num_attention_heads")
+        hidden = need("hidden_size")
+        layers = need("num_hidden_layers")
+        num_target_layers = need("num_target_layers")
         taps = pick("target_layer_ids")
-        taps = tuple(int(t) for t in taps) if taps else default_target_layer_ids(num_target_layers, layers)
-        layer_types = tuple(d.get("layer_types") or ())
+        if taps and not isinstance(taps, (list, tuple)):
+            raise DFlashConfigError(f"dflash_config.target_layer_ids={taps!r}: must be a list of layer ids")
+        taps = (tuple(num("dflash_config.target_layer_ids", t) for t in taps) if taps
+                else default_target_layer_ids(num_target_layers, max(layers, 1)))
+        layer_types = d.get("layer_types") or ()
+        if not isinstance(layer_types, (list, tuple)):
+            raise DFlashConfigError(f"layer_types={layer_types!r}: must be a list, one entry per draft layer")
         cfg = cls(
             hidden_size=hidden,
-            intermediate_size=int(need("intermediate_size")),
+            intermediate_size=need("intermediate_size"),
             num_hidden_layers=layers,
             num_attention_heads=heads,
-            num_key_value_heads=int(d.get("num_key_value_heads") or heads),
-            head_dim=int(d.get("head_dim") or hidden // heads),
-            rms_norm_eps=float(d.get("rms_norm_eps", 1e-6)),
+            num_key_value_heads=opt("num_key_value_heads", d.get("num_key_value_heads")) or heads,
+            head_dim=opt("head_dim", d.get("head_dim")) or (hidden // heads if heads > 0 else 0),
+            rms_norm_eps=top("rms_norm_eps", 1e-6, float),
             rope_theta=_rope_theta(d),
-            max_position_embeddings=int(d.get("max_position_embeddings", 32768)),
-            vocab_size=int(need("vocab_size")),
-            block_size=int(pick("block_size", 16)),
+            max_position_embeddings=top("max_position_embeddings", 32768),
+            vocab_size=need("vocab_size"),
+            block_size=num("block_size", pick("block_size", 16)),
             num_target_layers=num_target_layers,
             target_layer_ids=taps,
-            mask_token_id=None if pick("mask_token_id") is None else int(pick("mask_token_id")),
+            mask_token_id=opt("dflash_config.mask_token_id", pick("mask_token_id")),
             mask_token=pick("mask_token"),
-            layer_types=layer_types,
-            sliding_window=None if d.get("sliding_window") is None else int(d["sliding_window"]),
+            layer_types=tuple(str(t) for t in layer_types),
+            sliding_window=top("sliding_window", None),
             attention_bias=bool(d.get("attention_bias", False)),
-            input_embedding_scale=float(pick("input_embedding_scale", 1.0) or 1.0),
-            output_multiplier=float(pick("output_multiplier", 1.0) or 1.0),
-            final_logit_softcapping=_opt_float(pick("final_logit_softcapping")),
+            input_embedding_scale=num("input_embedding_scale", pick("input_embedding_scale", 1.0) or 1.0,
+                                      float),
+            output_multiplier=num("output_multiplier", pick("output_multiplier", 1.0) or 1.0, float),
+            final_logit_softcapping=_opt_float(
+                opt("final_logit_softcapping", pick("final_logit_softcapping"), float)
+            ),
             raw=dict(d),
         )
         cfg._check_self()
@@ -150,7 +184,8 @@ class DFlashConfig:
         if self.block_size < 1:
             raise bad("block_size", self.block_size, "must be >= 1 (16 for published drafters)")
         if self.mask_token_id is None and self.mask_token is None:
-            raise bad("dflash_config.mask_token_id", None, "set mask_token_id (or mask_token) in dflash_config")
+            raise bad("dflash_config.mask_token_id", None,
+                      "set mask_token_id (or mask_token) in dflash_config")
         if self.mask_token_id is not None and not 0 <= self.mask_token_id < self.vocab_size:
             raise bad("dflash_config.mask_token_id", self.mask_token_id,
                       f"must be a token id in [0, vocab_size={self.vocab_size})")
@@ -259,11 +294,20 @@ def _opt_float(v: Any) -> float | None:
 
 def _rope_theta(d: dict[str, Any]) -> float:
     rp = d.get("rope_parameters") or d.get("rope_scaling") or {}
+    if not isinstance(rp, dict):
+        raise DFlashConfigError(f"rope_parameters={rp!r}: must be an object with rope_type and rope_theta")
     rope_type = rp.get("rope_type", rp.get("type", "default"))
     if rope_type not in ("default", None):
         raise DFlashConfigError(
             f"rope_parameters.rope_type={rope_type!r}: only default RoPE is supported for drafters; "
             "retrain or convert the drafter with rope_type 'default'"
         )
-    theta = d.get("rope_theta", rp.get("rope_theta", 10000.0))
-    return float(theta)
+    theta = d.get("rope_theta")
+    theta = rp.get("rope_theta") if theta is None else theta
+    try:
+        value = 10000.0 if theta is None else float(theta)
+    except (TypeError, ValueError):
+        value = -1.0
+    if not value > 0:
+        raise DFlashConfigError(f"rope_theta={theta!r}: must be a positive number (10000.0 if unsure)")
+    return value

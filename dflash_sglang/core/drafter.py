@@ -46,8 +46,10 @@ class DraftAttention(nn.Module):
         self.q_norm = RMSNorm(d, cfg.rms_norm_eps)
         self.k_norm = RMSNorm(d, cfg.rms_norm_eps)
         sliding = cfg.layer_type(layer_idx) == "sliding_attention"
-        # Published drafters: full-attention layers are non-causal, sliding layers causal.
-        self.causal = bool(cfg.raw.get("is_causal", sliding))
+        # Published drafters: full-attention layers are non-causal, sliding layers causal, unless
+        # config.json sets ``is_causal`` (an explicit null means "use that default", as upstream).
+        is_causal = cfg.raw.get("is_causal")
+        self.causal = sliding if is_causal is None else bool(is_causal)
         self.window = cfg.sliding_window if sliding else None
         self.scale = d**-0.5
 
@@ -174,7 +176,8 @@ class DFlashDrafter(nn.Module):
         unexpected = sorted(set(state) - set(own))
         if missing or unexpected:
             raise DFlashConfigError(
-                f"draft weights do not match config.json: missing {missing[:3]}, unexpected {unexpected[:3]}; "
+                f"draft weights do not match config.json: missing {missing[:3]}, "
+                f"unexpected {unexpected[:3]}; "
                 "re-export the checkpoint or fix num_hidden_layers/target_layer_ids"
             )
         for k, t in own.items():
@@ -214,5 +217,7 @@ def load_safetensors_dir(path: Path) -> dict[str, torch.Tensor]:
         try:
             state.update(load_file(str(f)))
         except (SafetensorError, OSError) as e:
-            raise DFlashConfigError(f"{f}: unreadable safetensors file ({e}); re-download or re-export it") from e
+            raise DFlashConfigError(
+                f"{f}: unreadable safetensors file ({e}); re-download or re-export it"
+            ) from e
     return state

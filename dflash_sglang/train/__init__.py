@@ -1,0 +1,1 @@
+"""DFlash drafter training: self-distilled data from the target, block-diffusion loss, DDP-ready loop."""

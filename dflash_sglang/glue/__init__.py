@@ -1,0 +1,1 @@
+"""SGLang glue: the only part of dflash-sglang that imports sglang (core never does)."""

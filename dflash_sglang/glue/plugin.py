@@ -1,0 +1,56 @@
+"""SGLang general plugin (entry point group ``sglang.srt.plugins``): runs in every SGLang process.
+
+* ``--speculative-algorithm DFLASH`` constructs OUR worker: an AROUND hook on
+  ``SpeculativeAlgorithm.create_worker`` (the name DFLASH itself stays SGLang's, so every
+  DFLASH-aware branch of the scheduler, KV sizing and tap capture keeps working).
+  ``DFLASH_SGLANG_WORKER=builtin`` falls back to SGLang's built-in DFLASH worker.
+* Our drafter class is registered as ``DFlashDraftModel`` in SGLang's model registry, so published
+  DFlash checkpoints load into it.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from typing import Any
+
+logger = logging.getLogger(__name__)
+WORKER_ENV = "DFLASH_SGLANG_WORKER"  # "ours" (default) | "builtin"
+CREATE_WORKER = "sglang.srt.speculative.spec_info.SpeculativeAlgorithm.create_worker"
+
+
+def use_builtin() -> bool:
+    value = os.environ.get(WORKER_ENV, "ours").lower()
+    if value not in ("ours", "builtin"):
+        raise ValueError(f"{WORKER_ENV}={value!r}: use 'ours' or 'builtin'")
+    return value == "builtin"
+
+
+def create_worker_hook(original: Any, algo: Any, *args: Any, **kwargs: Any) -> Any:
+    if algo.is_dflash() and not use_builtin():
+        from .worker import DFlashWorker
+
+        return DFlashWorker
+    return original(algo, *args, **kwargs)
+
+
+def register() -> None:
+    """Idempotent: SGLang calls plugins once per process."""
+    from sglang.srt.plugins.hook_registry import HookRegistry, HookType
+
+    from ..patches_guard import check_sglang_version
+
+    check_sglang_version()
+    if use_builtin():
+        logger.info("dflash-sglang: %s=builtin, SGLang's built-in DFLASH worker runs", WORKER_ENV)
+        return
+    HookRegistry.register(CREATE_WORKER, create_worker_hook, HookType.AROUND)
+    register_draft_model()
+
+
+def register_draft_model() -> None:
+    from sglang.srt.models.registry import ModelRegistry
+
+    from .sglang_drafter import DFlashDraftModel
+
+    ModelRegistry.models["DFlashDraftModel"] = DFlashDraftModel

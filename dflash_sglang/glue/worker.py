@@ -1,0 +1,234 @@
+"""Our DFLASH speculative worker for SGLang's V2 (overlap-capable) scheduler path.
+
+Per decode step, for a batch whose committed KV covers [0, p) and whose newest token b (the
+bonus) has no KV yet:
+  block    [b, mask x (B-1)] at positions p..p+B-1, in the KV slots the scheduler reserved
+  draft    one drafter pass over the block (draft runner, TARGET_VERIFY mode, non-causal)
+  verify   one target pass over [b, drafts] capturing the tap layers
+  accept   core.verify: accepted prefix + bonus per request (greedy or exact rejection sampling)
+  commit   publish new lengths p + accept + 1; project committed rows' tap states into the draft
+           KV at their slots, so draft KV and target KV cover the same tokens, at the same slots.
+Prefill runs the target with tap capture and injects every extend token's features.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from typing import Any
+
+import torch
+from sglang.srt.managers.utils import GenerationBatchResult
+from sglang.srt.model_executor.forward_batch_info import CaptureHiddenMode
+from sglang.srt.speculative.base_spec_worker import BaseSpecWorker
+from sglang.srt.speculative.dflash_info import DFlashVerifyInput
+from sglang.srt.speculative.draft_worker_common import build_draft_tp_worker, make_draft_input_v2
+
+from ..core.config import DFlashConfigError, TargetSpec
+from ..core.sampling import probs_from_logits, sample_from_probs
+from ..core.verify import verify
+from .batch_math import Block, committed_rows, extend_positions, make_block, sampling_from_sglang
+from .sglang_drafter import DFlashDraftModel
+from .streams import StreamPlan
+
+logger = logging.getLogger(__name__)
+SAMPLING_ENV = "DFLASH_SGLANG_SAMPLING"  # "rejection" (default) | "target_only"
+
+
+class DFlashWorker(BaseSpecWorker):
+    def __init__(self, server_args: Any, gpu_id: int, nccl_port: int, target_worker: Any) -> None:
+        super().__init__()
+        self._target_worker = target_worker
+        self.model_runner = target_worker.model_runner
+        self.server_args = server_args
+        self.device = self.model_runner.device
+        bundle = build_draft_tp_worker(
+            server_args=server_args, gpu_id=gpu_id, nccl_port=nccl_port,
+            target_model_config=self.model_runner.model_config, algo_label="DFLASH",
+            attention_backend_override=_draft_attention_backend(server_args),
+        )
+        self._draft_worker = bundle.draft_worker
+        self.draft_runner = bundle.draft_model_runner
+        self.draft_model: DFlashDraftModel = bundle.draft_model
+        self.block_size = int(server_args.speculative_num_draft_tokens)
+        self.speculative_num_draft_tokens = self.block_size
+        self.speculative_num_steps = 1
+        target = self.model_runner.model
+        self.embed_weight = target.get_input_embeddings().weight  # [V, H]
+        self.lm_head_weight = _lm_head_weight(target)  # [V, H]
+        self.mask_id = _check_pair(self.draft_model, self.model_runner.model_config, self.block_size)
+        self.sampling_mode = os.environ.get(SAMPLING_ENV, "rejection")
+        if self.sampling_mode not in ("rejection", "target_only"):
+            raise DFlashConfigError(
+                f"{SAMPLING_ENV}={self.sampling_mode!r}: use 'rejection' or 'target_only'")
+        self.generator = torch.Generator(device=self.device).manual_seed(int(server_args.random_seed or 0))
+        self.streams = StreamPlan.for_device(self.device)
+        self.stats = {"injected": 0, "draft_forwards": 0}
+        logger.info("dflash-sglang: our DFlash worker runs (block %d, taps %s, sampling %s, streams %s)",
+                    self.block_size, list(self.draft_model.cfg.target_layer_ids), self.sampling_mode,
+                    self.streams.kind)
+
+    # ------------------------------------------------------------------ SGLang API
+    def weight_update_runners(self) -> list[tuple[str, Any]]:
+        return [("draft", self.draft_runner)]
+
+    @property
+    def spec_v2_attn_backends(self) -> tuple:
+        return (self.model_runner.attn_backend, self.draft_runner.attn_backend)
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("_"):
+            raise AttributeError(name)
+        return getattr(self.__dict__["_target_worker"], name)
+
+    def forward_batch_generation(self, batch: Any, on_publish: Any = None, grammar_barrier: Any = None,
+                                 pp_proxy_tensors: Any = None) -> GenerationBatchResult:
+        publish = on_publish or (lambda _lens: None)
+        if batch.forward_mode.is_extend() or batch.is_extend_in_batch:
+            return self._prefill(batch, publish, pp_proxy_tensors)
+        if batch.forward_mode.is_idle():
+            return self._idle(publish)
+        _refuse_grammar(batch)
+        return self._decode(batch, publish)
+
+    # --------------------------------------------------------------------- phases
+    def _prefill(self, batch: Any, publish: Any, pp_proxy_tensors: Any) -> GenerationBatchResult:
+        out = self._target_worker.forward_batch_generation(
+            batch, pp_proxy_tensors=pp_proxy_tensors, capture_hidden_mode=CaptureHiddenMode.FULL)
+        publish(batch.seq_lens)
+        out.new_seq_lens = batch.seq_lens
+        slots = batch.out_cache_loc.long()
+        taps = out.logits_output.hidden_states
+        if taps is None:
+            raise RuntimeError("dflash-sglang: the target returned no tap-layer hidden states at prefill")
+        positions = extend_positions(list(batch.prefix_lens), list(batch.extend_lens), self.device)
+        self._inject(taps[: slots.numel()], positions, slots)
+        logger.info("dflash-sglang: prefill injected %d context positions (%d reused from cache)",
+                    slots.numel(), sum(batch.prefix_lens))
+        out.logits_output.hidden_states = None
+        out.next_draft_input = make_draft_input_v2(bonus_tokens=out.next_token_ids,
+                                                   new_seq_lens=batch.seq_lens)
+        return out
+
+    def _idle(self, publish: Any) -> GenerationBatchResult:
+        empty = torch.empty((0,), dtype=torch.int64, device=self.device)
+        nxt = make_draft_input_v2(bonus_tokens=empty, new_seq_lens=empty)
+        publish(nxt.new_seq_lens)
+        return GenerationBatchResult(
+            logits_output=None, next_token_ids=empty, accept_lens=empty.int(), next_draft_input=nxt,
+            can_run_cuda_graph=False, speculative_num_draft_tokens=self.block_size,
+            new_seq_lens=nxt.new_seq_lens)
+
+    def _decode(self, batch: Any, publish: Any) -> GenerationBatchResult:
+        bs, nb = len(batch.seq_lens), self.block_size
+        prefix = batch.seq_lens.long()
+        req_to_token = self.model_runner.req_to_token_pool.req_to_token
+        block = make_block(batch.spec_info.bonus_tokens, prefix, batch.req_pool_indices, req_to_token,
+                           self.mask_id, nb)
+        sampling = sampling_from_sglang(batch.sampling_info, bs, self.device)
+        host_lens = _host_seq_lens(batch)
+        with self.streams.draft():
+            draft_probs = self._draft(batch, block, sampling, host_lens)
+        self.streams.join()
+        logits, taps, logits_output = self._verify_target(batch, block, host_lens)
+        res = verify(block.tokens, logits.view(bs, nb, -1), sampling, draft_probs, self.generator)
+        new_lens = prefix + res.num_committed
+        publish(new_lens)
+        keep = committed_rows(res.num_committed, nb)  # [bs, B]
+        self._inject(taps.view(bs * nb, -1)[keep.view(-1)], block.positions[keep], block.slots[keep])
+        logits_output.hidden_states = None
+        next_ids = torch.where(res.committed < 0, torch.zeros_like(res.committed), res.committed)
+        return GenerationBatchResult(
+            logits_output=logits_output, next_token_ids=next_ids.view(-1),
+            accept_lens=res.num_committed.int(), can_run_cuda_graph=False,
+            next_draft_input=make_draft_input_v2(bonus_tokens=res.bonus, new_seq_lens=new_lens),
+            speculative_num_draft_tokens=nb, new_seq_lens=new_lens)
+
+    def _draft(self, batch: Any, block: Block, sampling: Any, host_lens: torch.Tensor) -> torch.Tensor | None:
+        """Fill block.tokens[:, 1:] with drafts; -> their probabilities [bs, B-1, V] (None: argmax)."""
+        nb = self.block_size
+        if nb == 1:
+            return None
+        spec = DFlashVerifyInput(draft_token=block.tokens.view(-1), positions=block.positions.view(-1),
+                                 draft_token_num=nb, capture_hidden_mode=CaptureHiddenMode.NULL)
+        fb = self._verify_forward_batch(batch, spec, block, host_lens, self._draft_worker)
+        fb.input_embeds = torch.nn.functional.embedding(block.tokens.view(-1), self.embed_weight)
+        hidden = self.draft_runner.forward(fb).logits_output.hidden_states  # [bs*B, H]
+        self.stats["draft_forwards"] += 1
+        hidden = hidden.view(block.tokens.shape[0], nb, -1)[:, 1:]
+        logits = self.draft_model.drafter.logits(hidden.to(self.lm_head_weight.dtype), self.lm_head_weight)
+        if self.sampling_mode == "target_only" or bool(sampling.is_greedy.all()):
+            block.tokens[:, 1:] = logits.argmax(-1)
+            return None
+        q = probs_from_logits(logits.float(), sampling)
+        block.tokens[:, 1:] = sample_from_probs(q, self.generator)
+        return q
+
+    def _verify_target(self, batch: Any, block: Block, host_lens: torch.Tensor) -> tuple:
+        """-> logits [bs*B, V], tap states [bs*B, T*H], the LogitsProcessorOutput."""
+        spec = DFlashVerifyInput(draft_token=block.tokens.view(-1), positions=block.positions.view(-1),
+                                 draft_token_num=self.block_size, capture_hidden_mode=CaptureHiddenMode.FULL)
+        fb = self._verify_forward_batch(batch, spec, block, host_lens, self._target_worker)
+        out = self._target_worker.forward_batch_generation(batch=None, forward_batch=fb, is_verify=True)
+        lo = out.logits_output
+        return lo.next_token_logits.float(), lo.hidden_states, lo
+
+    def _verify_forward_batch(self, batch: Any, spec: DFlashVerifyInput, block: Block,
+                              host_lens: torch.Tensor, worker: Any) -> Any:
+        """A TARGET_VERIFY ForwardBatch over the block for `worker`'s runner (SGLang's own builder)."""
+        batch.out_cache_loc = block.slots.view(-1)
+        batch.seq_lens_cpu = host_lens + self.block_size  # host upper bound: prefix + B
+        batch.seq_lens_sum = int(batch.seq_lens_cpu.sum())
+        spec.live_seq_lens_cpu = host_lens
+        fb, _ = spec.prepare_for_verify(batch, worker)
+        return fb
+
+    def _inject(self, taps: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor) -> None:
+        self.draft_model.inject_context(taps, positions, slots, self.draft_runner.token_to_kv_pool)
+        self.stats["injected"] += int(slots.numel())
+
+
+# ----------------------------------------------------------------------------- helpers
+def _host_seq_lens(batch: Any) -> torch.Tensor:
+    if batch.seq_lens_cpu is not None:
+        return batch.seq_lens_cpu.clone()
+    return batch.spec_info.nxt_kv_lens_cpu.clone()
+
+
+def _lm_head_weight(target: Any) -> torch.Tensor:
+    head = getattr(target, "lm_head", None)
+    weight = getattr(head, "weight", None)
+    if weight is None:
+        raise DFlashConfigError(
+            "the target model exposes no lm_head.weight; DFLASH borrows the target's LM head")
+    return weight
+
+
+def _draft_attention_backend(server_args: Any) -> str | None:
+    """On SGLang's own platforms use its choice; on out-of-tree ones, the target's backend."""
+    from sglang.srt.platforms import current_platform
+
+    if current_platform.is_out_of_tree():
+        return server_args.attention_backend or current_platform.get_default_attention_backend()
+    return None
+
+
+def _check_pair(draft: Any, target_cfg: Any, block_size: int) -> int:
+    if not isinstance(draft, DFlashDraftModel):
+        raise DFlashConfigError(
+            f"draft model class {type(draft).__name__}: expected a DFlash drafter "
+            "(config.json architectures ['DFlashDraftModel'])")
+    hf = target_cfg.hf_config
+    text = getattr(hf, "text_config", None) or hf
+    spec = TargetSpec(int(text.hidden_size), int(target_cfg.vocab_size), int(text.num_hidden_layers))
+    draft.cfg.validate_against(spec)
+    if block_size > draft.cfg.block_size:
+        logger.warning("dflash-sglang: block size %d exceeds the drafter's trained block_size %d",
+                       block_size, draft.cfg.block_size)
+    return int(draft.cfg.mask_token_id)
+
+
+def _refuse_grammar(batch: Any) -> None:
+    if getattr(batch.sampling_info, "grammars", None) and any(batch.sampling_info.grammars):
+        raise NotImplementedError(
+            "dflash-sglang: structured output (grammar) is not supported with DFLASH yet")

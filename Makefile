@@ -19,10 +19,10 @@ demo: setup
 	$(PY) examples/demo.py --prompts $(DATA)/spec_bench_questions.jsonl
 
 test: setup
-	$(PY) -m pytest -ra
+	$(PY) -m pytest -ra -m "slow or not slow"
 
 test-fast: setup
-	$(PY) -m pytest -ra -m "not slow"
+	$(PY) -m pytest -ra
 
 lint: setup
 	$(VENV)/bin/ruff check .

@@ -1,0 +1,107 @@
+"""The SGLang seams our plugin uses exist with the expected shapes in the pinned SGLang."""
+
+from __future__ import annotations
+
+import inspect
+
+import pytest
+import torch
+
+from dflash_sglang.glue import plugin
+from dflash_sglang.glue.batch_math import committed_rows, extend_positions, make_block, sampling_from_sglang
+
+
+def test_pinned_sglang_version() -> None:
+    import sglang
+
+    from dflash_sglang.patches_guard import PINNED_SGLANG, check_sglang_version
+
+    assert sglang.__version__ == PINNED_SGLANG
+    check_sglang_version()
+
+
+def test_create_worker_target_exists_with_expected_signature() -> None:
+    import pkgutil
+
+    owner, attr = plugin.CREATE_WORKER.rsplit(".", 1)
+    fn = getattr(pkgutil.resolve_name(owner), attr)
+    assert list(inspect.signature(fn).parameters) == ["self", "server_args"]
+
+
+def test_sglang_contracts_the_worker_relies_on() -> None:
+    from sglang.srt.managers.utils import GenerationBatchResult
+    from sglang.srt.models.registry import ModelRegistry
+    from sglang.srt.speculative.base_spec_worker import BaseSpecWorker
+    from sglang.srt.speculative.dflash_info import DFlashVerifyInput
+    from sglang.srt.speculative.draft_worker_common import build_draft_tp_worker, make_draft_input_v2
+
+    fields = set(GenerationBatchResult.__dataclass_fields__)
+    assert {"next_token_ids", "accept_lens", "next_draft_input", "new_seq_lens",
+            "speculative_num_draft_tokens", "can_run_cuda_graph", "logits_output"} <= fields
+    assert {"draft_token", "positions", "draft_token_num", "capture_hidden_mode",
+            "live_seq_lens_cpu"} <= set(DFlashVerifyInput.__dataclass_fields__)
+    assert list(inspect.signature(DFlashVerifyInput.prepare_for_verify).parameters)[:3] == \
+        ["self", "batch", "target_worker"]
+    assert {"server_args", "gpu_id", "nccl_port", "target_model_config", "algo_label",
+            "attention_backend_override"} <= set(inspect.signature(build_draft_tp_worker).parameters)
+    assert list(inspect.signature(make_draft_input_v2).parameters) == ["bonus_tokens", "new_seq_lens"]
+    assert hasattr(BaseSpecWorker, "weight_update_runners")
+    assert "DFlashDraftModel" in ModelRegistry.models
+
+
+def test_worker_selection(monkeypatch: pytest.MonkeyPatch) -> None:
+    from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
+
+    from dflash_sglang.glue.worker import DFlashWorker
+
+    def original(algo, *_a, **_k):
+        return "builtin"
+
+    monkeypatch.delenv(plugin.WORKER_ENV, raising=False)
+    assert plugin.create_worker_hook(original, SpeculativeAlgorithm.DFLASH, None) is DFlashWorker
+    assert plugin.create_worker_hook(original, SpeculativeAlgorithm.NGRAM, None) == "builtin"
+    monkeypatch.setenv(plugin.WORKER_ENV, "builtin")
+    assert plugin.create_worker_hook(original, SpeculativeAlgorithm.DFLASH, None) == "builtin"
+    monkeypatch.setenv(plugin.WORKER_ENV, "typo")
+    with pytest.raises(ValueError, match="DFLASH_SGLANG_WORKER"):
+        plugin.use_builtin()
+
+
+def test_draft_model_registered_in_registry() -> None:
+    from sglang.srt.models.registry import ModelRegistry
+
+    from dflash_sglang.glue.sglang_drafter import DFlashDraftModel
+
+    plugin.register_draft_model()
+    assert ModelRegistry.models["DFlashDraftModel"] is DFlashDraftModel
+
+
+def test_make_block_reads_reserved_slots() -> None:
+    req_to_token = torch.arange(40).view(4, 10) + 100
+    block = make_block(torch.tensor([7, 8]), torch.tensor([3, 5]), torch.tensor([2, 0]), req_to_token,
+                       mask_id=0, nb=4)
+    assert block.tokens.tolist() == [[7, 0, 0, 0], [8, 0, 0, 0]]
+    assert block.positions.tolist() == [[3, 4, 5, 6], [5, 6, 7, 8]]
+    assert block.slots.tolist() == [[123, 124, 125, 126], [105, 106, 107, 108]]
+
+
+def test_extend_positions_follow_prefixes() -> None:
+    got = extend_positions([0, 5, 2], [3, 2, 1], torch.device("cpu"))
+    assert got.tolist() == [0, 1, 2, 5, 6, 2]
+
+
+def test_committed_rows() -> None:
+    assert committed_rows(torch.tensor([1, 3]), 4).tolist() == [[True, False, False, False],
+                                                               [True, True, True, False]]
+
+
+def test_sampling_from_sglang_marks_greedy_rows() -> None:
+    class Info:
+        is_all_greedy = False
+        temperatures = torch.tensor([[1.0], [0.7]])
+        top_ks = torch.tensor([1, 1 << 30], dtype=torch.int32)
+        top_ps = torch.tensor([1.0, 0.9])
+
+    cfg = sampling_from_sglang(Info(), 2, torch.device("cpu"))
+    assert cfg.temperature.tolist() == [0.0, pytest.approx(0.7)]
+    assert cfg.top_k.tolist() == [1, 0] and cfg.top_p.tolist() == [1.0, pytest.approx(0.9)]

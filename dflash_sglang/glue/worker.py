@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import logging
 import os
+import time
 from typing import Any
 
 import torch
@@ -24,6 +25,7 @@ from sglang.srt.speculative.base_spec_worker import BaseSpecWorker
 from sglang.srt.speculative.dflash_info import DFlashVerifyInput
 from sglang.srt.speculative.draft_worker_common import build_draft_tp_worker, make_draft_input_v2
 
+from ..core.adaptive import BlockPolicy
 from ..core.config import DFlashConfigError, TargetSpec
 from ..core.sampling import probs_from_logits, sample_from_probs
 from ..core.verify import verify
@@ -33,6 +35,7 @@ from .streams import StreamPlan
 
 logger = logging.getLogger(__name__)
 SAMPLING_ENV = "DFLASH_SGLANG_SAMPLING"  # "rejection" (default) | "target_only"
+ADAPTIVE_ENV = "DFLASH_SGLANG_ADAPTIVE"  # "auto" (default: on where steps are host-timed) | "on" | "off"
 
 
 class DFlashWorker(BaseSpecWorker):
@@ -63,10 +66,11 @@ class DFlashWorker(BaseSpecWorker):
                 f"{SAMPLING_ENV}={self.sampling_mode!r}: use 'rejection' or 'target_only'")
         self.generator = torch.Generator(device=self.device).manual_seed(int(server_args.random_seed or 0))
         self.streams = StreamPlan.for_device(self.device)
+        self.policy = _block_policy(self.block_size, self.device)
         self.stats = {"injected": 0, "draft_forwards": 0}
-        logger.info("dflash-sglang: our DFlash worker runs (block %d, taps %s, sampling %s, streams %s)",
-                    self.block_size, list(self.draft_model.cfg.target_layer_ids), self.sampling_mode,
-                    self.streams.kind)
+        logger.info("dflash-sglang: our DFlash worker runs (block %d, taps %s, sampling %s, streams %s, "
+                    "adaptive block %s)", self.block_size, list(self.draft_model.cfg.target_layer_ids),
+                    self.sampling_mode, self.streams.kind, "on" if self.policy else "off")
 
     # ------------------------------------------------------------------ SGLang API
     def weight_update_runners(self) -> list[tuple[str, Any]]:
@@ -120,7 +124,9 @@ class DFlashWorker(BaseSpecWorker):
             new_seq_lens=nxt.new_seq_lens)
 
     def _decode(self, batch: Any, publish: Any) -> GenerationBatchResult:
-        bs, nb = len(batch.seq_lens), self.block_size
+        bs = len(batch.seq_lens)
+        nb = self.policy.choose(bs) if self.policy else self.block_size
+        started = time.perf_counter()
         prefix = batch.seq_lens.long()
         req_to_token = self.model_runner.req_to_token_pool.req_to_token
         block = make_block(batch.spec_info.bonus_tokens, prefix, batch.req_pool_indices, req_to_token,
@@ -132,6 +138,8 @@ class DFlashWorker(BaseSpecWorker):
         self.streams.join()
         logits, taps, logits_output = self._verify_target(batch, block, host_lens)
         res = verify(block.tokens, logits.view(bs, nb, -1), sampling, draft_probs, self.generator)
+        if self.policy:
+            self.policy.record(bs, nb, res.accept_len, _elapsed(started, self.device))
         new_lens = prefix + res.num_committed
         publish(new_lens)
         keep = committed_rows(res.num_committed, nb)  # [bs, B]
@@ -146,7 +154,7 @@ class DFlashWorker(BaseSpecWorker):
 
     def _draft(self, batch: Any, block: Block, sampling: Any, host_lens: torch.Tensor) -> torch.Tensor | None:
         """Fill block.tokens[:, 1:] with drafts; -> their probabilities [bs, B-1, V] (None: argmax)."""
-        nb = self.block_size
+        nb = block.tokens.shape[1]
         if nb == 1:
             return None
         spec = DFlashVerifyInput(draft_token=block.tokens.view(-1), positions=block.positions.view(-1),
@@ -167,7 +175,8 @@ class DFlashWorker(BaseSpecWorker):
     def _verify_target(self, batch: Any, block: Block, host_lens: torch.Tensor) -> tuple:
         """-> logits [bs*B, V], tap states [bs*B, T*H], the LogitsProcessorOutput."""
         spec = DFlashVerifyInput(draft_token=block.tokens.view(-1), positions=block.positions.view(-1),
-                                 draft_token_num=self.block_size, capture_hidden_mode=CaptureHiddenMode.FULL)
+                                 draft_token_num=block.tokens.shape[1],
+                                 capture_hidden_mode=CaptureHiddenMode.FULL)
         fb = self._verify_forward_batch(batch, spec, block, host_lens, self._target_worker)
         out = self._target_worker.forward_batch_generation(batch=None, forward_batch=fb, is_verify=True)
         lo = out.logits_output
@@ -177,7 +186,7 @@ class DFlashWorker(BaseSpecWorker):
                               host_lens: torch.Tensor, worker: Any) -> Any:
         """A TARGET_VERIFY ForwardBatch over the block for `worker`'s runner (SGLang's own builder)."""
         batch.out_cache_loc = block.slots.view(-1)
-        batch.seq_lens_cpu = host_lens + self.block_size  # host upper bound: prefix + B
+        batch.seq_lens_cpu = host_lens + block.tokens.shape[1]  # host upper bound: prefix + B
         batch.seq_lens_sum = int(batch.seq_lens_cpu.sum())
         spec.live_seq_lens_cpu = host_lens
         fb, _ = spec.prepare_for_verify(batch, worker)
@@ -189,6 +198,20 @@ class DFlashWorker(BaseSpecWorker):
 
 
 # ----------------------------------------------------------------------------- helpers
+def _block_policy(block_size: int, device: Any) -> BlockPolicy | None:
+    mode = os.environ.get(ADAPTIVE_ENV, "auto")
+    if mode not in ("auto", "on", "off"):
+        raise DFlashConfigError(f"{ADAPTIVE_ENV}={mode!r}: use 'auto', 'on' or 'off'")
+    on = mode == "on" or (mode == "auto" and torch.device(device).type == "cpu")
+    return BlockPolicy(block_size) if on and block_size > 1 else None
+
+
+def _elapsed(started: float, device: Any) -> float:
+    if torch.device(device).type == "cuda":
+        torch.cuda.synchronize(device)
+    return time.perf_counter() - started
+
+
 def _host_seq_lens(batch: Any) -> torch.Tensor:
     if batch.seq_lens_cpu is not None:
         return batch.seq_lens_cpu.clone()

@@ -1,0 +1,115 @@
+"""Adaptive block size: speculate only as far as it pays, per batch.
+
+Throughput of a step with block b for a batch of bs requests is
+    E[tokens | b] / cost(bs, b)
+where E[tokens | b] = 1 + sum_{j=1}^{b-1} prod_{i<=j} a_i  (a_i: measured probability that draft
+position i is accepted given positions < i were) and cost(bs, b) is the measured wall time of a
+step. b = 1 is plain decoding (no draft pass). The policy picks the b with the best estimate,
+tries every candidate a few times first (costs must be measured, not guessed), and re-explores
+now and then so the estimates follow the load.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+
+@dataclass
+class AcceptanceTracker:
+    """Exponentially decayed counts per draft position (1-based position j at index j-1)."""
+
+    max_block: int
+    decay: float = 0.98
+    reached: torch.Tensor = field(init=False)  # [max_block-1] steps that got to position j
+    accepted: torch.Tensor = field(init=False)  # [max_block-1] of those, accepted at j
+
+    def __post_init__(self) -> None:
+        self.reached = torch.zeros(max(self.max_block - 1, 0), dtype=torch.float64)
+        self.accepted = torch.zeros_like(self.reached)
+
+    def update(self, accept_len: torch.Tensor, block: int) -> None:
+        """accept_len [bs]: accepted drafts per request in a step that used ``block``."""
+        if block <= 1 or accept_len.numel() == 0:
+            return
+        acc = accept_len.detach().to("cpu", torch.float64)
+        pos = torch.arange(1, block, dtype=torch.float64)  # [b-1]
+        reached = (acc[:, None] >= pos - 1).sum(0)
+        accepted = (acc[:, None] >= pos).sum(0)
+        self.reached.mul_(self.decay)[: block - 1] += reached
+        self.accepted.mul_(self.decay)[: block - 1] += accepted
+
+    def rates(self) -> torch.Tensor:
+        """[max_block-1] conditional acceptance per position (optimistic 0.5 where unseen)."""
+        return torch.where(self.reached > 0, self.accepted / self.reached.clamp_min(1e-9),
+                           torch.full_like(self.reached, 0.5))
+
+    def expected_tokens(self, block: int) -> float:
+        if block <= 1:
+            return 1.0
+        return float(1.0 + torch.cumprod(self.rates()[: block - 1], 0).sum())
+
+
+@dataclass
+class CostModel:
+    """Decayed mean step time per (batch-size bucket, block)."""
+
+    decay: float = 0.9
+    seconds: dict[tuple[int, int], float] = field(default_factory=dict)
+    samples: dict[tuple[int, int], int] = field(default_factory=dict)
+
+    @staticmethod
+    def bucket(bs: int) -> int:
+        return 1 << max(bs - 1, 0).bit_length()  # 1, 2, 4, 8, 16, ...
+
+    def update(self, bs: int, block: int, seconds: float) -> None:
+        key = (self.bucket(bs), block)
+        old = self.seconds.get(key)
+        self.seconds[key] = seconds if old is None else self.decay * old + (1 - self.decay) * seconds
+        self.samples[key] = self.samples.get(key, 0) + 1
+
+    def get(self, bs: int, block: int) -> float | None:
+        return self.seconds.get((self.bucket(bs), block))
+
+
+@dataclass
+class BlockPolicy:
+    max_block: int
+    warmup: int = 3  # measured steps per (bucket, candidate) before exploiting
+    explore_every: int = 64  # then one exploratory step per this many steps
+    acceptance: AcceptanceTracker = field(init=False)
+    cost: CostModel = field(default_factory=CostModel)
+    steps: int = 0
+
+    def __post_init__(self) -> None:
+        self.acceptance = AcceptanceTracker(self.max_block)
+
+    @property
+    def candidates(self) -> list[int]:
+        sizes = {1, self.max_block}
+        b = 2
+        while b < self.max_block:
+            sizes.add(b)
+            b *= 2
+        return sorted(sizes)
+
+    def choose(self, bs: int) -> int:
+        self.steps += 1
+        bucket = CostModel.bucket(bs)
+        for b in self.candidates:  # measure every candidate first
+            if self.cost.samples.get((bucket, b), 0) < self.warmup:
+                return b
+        best = max(self.candidates, key=lambda b: self.throughput(bs, b))
+        if self.steps % self.explore_every == 0:  # keep the runner-up's cost fresh
+            others = [b for b in self.candidates if b != best]
+            return max(others, key=lambda b: self.throughput(bs, b))
+        return best
+
+    def throughput(self, bs: int, block: int) -> float:
+        seconds = self.cost.get(bs, block)
+        return 0.0 if not seconds else self.acceptance.expected_tokens(block) / seconds
+
+    def record(self, bs: int, block: int, accept_len: torch.Tensor, seconds: float) -> None:
+        self.acceptance.update(accept_len, block)
+        self.cost.update(bs, block, seconds)

@@ -50,17 +50,26 @@ def test_model_folder_loads_and_matches_fixture() -> None:
     model = AutoModelForCausalLM.from_pretrained(str(path), dtype=torch.float32).eval()
     with torch.no_grad():
         ids = torch.tensor([fx["prompt_ids"]])
-        out = model.generate(ids, max_new_tokens=len(fx["output_ids"]), do_sample=False,
-                             attention_mask=torch.ones_like(ids), pad_token_id=0)
-    assert out[0, len(fx["prompt_ids"]):].tolist() == fx["output_ids"]
+        out = model.generate(
+            ids,
+            max_new_tokens=len(fx["output_ids"]),
+            do_sample=False,
+            attention_mask=torch.ones_like(ids),
+            pad_token_id=0,
+        )
+    assert out[0, len(fx["prompt_ids"]) :].tolist() == fx["output_ids"]
 
 
 def test_models_fetch_cli_is_fast_when_cached() -> None:
     import time
 
     t0 = time.perf_counter()
-    out = subprocess.run([sys.executable, "-m", "dflash_sglang.cli", "models", "fetch", "smollm2-135m"],
-                         capture_output=True, text=True, cwd=ROOT)
+    out = subprocess.run(
+        [sys.executable, "-m", "dflash_sglang.cli", "models", "fetch", "smollm2-135m"],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+    )
     assert out.returncode == 0, out.stderr
     assert Path(out.stdout.strip().splitlines()[-1], "config.json").is_file()
     assert time.perf_counter() - t0 < 20

@@ -16,9 +16,14 @@ EOS = (2,)
 def hf_greedy(model, prompt: list[int], n: int) -> list[int]:
     """The target's own greedy output, via transformers' generate at batch 1, cut after EOS."""
     with torch.no_grad():
-        out = model.generate(torch.tensor([prompt]), max_new_tokens=n, do_sample=False,
-                             attention_mask=torch.ones(1, len(prompt), dtype=torch.long), pad_token_id=0)
-    ids = out[0, len(prompt):].tolist()
+        out = model.generate(
+            torch.tensor([prompt]),
+            max_new_tokens=n,
+            do_sample=False,
+            attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
+            pad_token_id=0,
+        )
+    ids = out[0, len(prompt) :].tolist()
     return ids[: ids.index(2) + 1] if 2 in ids else ids
 
 
@@ -40,7 +45,7 @@ class CheatingEngine(ReferenceEngine):
         nb = block.shape[1]
         for row, r in enumerate(b.req.tolist()):
             done = int(b.n[row]) - self.prompt_lens[r]  # outputs committed so far
-            want = (self.truth[r] + [0] * nb)[done: done + nb - 1]
+            want = (self.truth[r] + [0] * nb)[done : done + nb - 1]
             block[row, 1:] = torch.tensor(want)
             bad = int(torch.randint(1, nb + 2, (1,), generator=self.rng))  # > nb-1: no corruption
             if bad < nb:
@@ -78,15 +83,16 @@ def test_random_drafter_lossless_batch1_quick(
 @pytest.mark.slow
 @pytest.mark.parametrize("batch", [1, 4])
 @pytest.mark.parametrize("block", [4, 8, 16])
-def test_random_drafter_lossless_20_prompts(smollm2, spec_bench_ids, random_drafter_16, reference_64,
-                                            block, batch):
+def test_random_drafter_lossless_20_prompts(
+    smollm2, spec_bench_ids, random_drafter_16, reference_64, block, batch
+):
     model, _ = smollm2
     target = HFTarget(model, random_drafter_16.cfg.target_layer_ids)
     eng = ReferenceEngine(target, random_drafter_16, EngineConfig(block, 64, EOS))
     prompts = spec_bench_ids[:20]
     got: list[list[int]] = []
     for i in range(0, len(prompts), batch):
-        chunk = prompts[i: i + batch]
+        chunk = prompts[i : i + batch]
         got.extend(r.output_ids for r in eng.generate(chunk, SamplingConfig.uniform(len(chunk))))
     mismatches = [i for i, (g, w) in enumerate(zip(got, reference_64, strict=True)) if g != w]
     assert not mismatches, f"prompts {mismatches} differ from the target's greedy output"

@@ -20,9 +20,17 @@ def tiny():
     from transformers import LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(0)
-    cfg = LlamaConfig(vocab_size=V, hidden_size=32, intermediate_size=64, num_hidden_layers=4,
-                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
-                      initializer_range=0.4, tie_word_embeddings=True)
+    cfg = LlamaConfig(
+        vocab_size=V,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=4,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=64,
+        initializer_range=0.4,
+        tie_word_embeddings=True,
+    )
     model = LlamaForCausalLM(cfg).eval()
     drafter = random_drafter(drafter_config_for(cfg, num_layers=1, block_size=4, mask_token_id=0), std=0.4)
     return model, drafter
@@ -36,8 +44,9 @@ def exact_law(model, sampling: SamplingConfig, n: int) -> dict[tuple[int, ...], 
         ids = torch.tensor([PROMPT + list(p) for p in prefixes])
         with torch.no_grad():
             logits = model(ids).logits[:, -1]
-        one = SamplingConfig(*(x[:1].expand(len(prefixes)) for x in
-                               (sampling.temperature, sampling.top_k, sampling.top_p)))
+        one = SamplingConfig(
+            *(x[:1].expand(len(prefixes)) for x in (sampling.temperature, sampling.top_k, sampling.top_p))
+        )
         probs = probs_from_logits(logits, one).double().numpy()
         law = {p + (t,): law[p] * probs[i, t] for i, p in enumerate(prefixes) for t in range(V)}
     return law
@@ -68,18 +77,24 @@ def marginal(law, idx: tuple[int, ...]):
 
 def run_engine(tiny, mode: str, temperature: float, top_k: int = 0, top_p: float = 1.0, seed: int = 0):
     model, drafter = tiny
-    eng = ReferenceEngine(HFTarget(model, drafter.cfg.target_layer_ids), drafter,
-                          EngineConfig(block_size=4, max_new_tokens=3, sampling_mode=mode))
+    eng = ReferenceEngine(
+        HFTarget(model, drafter.cfg.target_layer_ids),
+        drafter,
+        EngineConfig(block_size=4, max_new_tokens=3, sampling_mode=mode),
+    )
     sampling = SamplingConfig.uniform(N, temperature, top_k, top_p)
     res = eng.generate([PROMPT] * N, sampling, torch.Generator().manual_seed(seed))
     return [tuple(r.output_ids) for r in res], sampling, res
 
 
-@pytest.mark.parametrize("mode,temperature,top_k,top_p", [
-    ("rejection", 1.0, 0, 1.0),
-    ("rejection", 0.7, 5, 0.9),
-    ("target_only", 0.7, 0, 1.0),
-])
+@pytest.mark.parametrize(
+    "mode,temperature,top_k,top_p",
+    [
+        ("rejection", 1.0, 0, 1.0),
+        ("rejection", 0.7, 5, 0.9),
+        ("target_only", 0.7, 0, 1.0),
+    ],
+)
 def test_engine_sampling_matches_target_law(tiny, mode, temperature, top_k, top_p):
     samples, sampling, res = run_engine(tiny, mode, temperature, top_k, top_p)
     assert all(len(s) == 3 for s in samples)
@@ -95,8 +110,9 @@ def test_plain_sampling_matches_target_law(tiny):
     """The baseline sampler and the exact-law helper agree (validates the test itself)."""
     model, drafter = tiny
     sampling = SamplingConfig.uniform(N, 1.0)
-    out = autoregressive_generate(HFTarget(model, (1,)), [PROMPT] * N, 2, (), sampling,
-                                  torch.Generator().manual_seed(1))
+    out = autoregressive_generate(
+        HFTarget(model, (1,)), [PROMPT] * N, 2, (), sampling, torch.Generator().manual_seed(1)
+    )
     law = exact_law(model, sampling, 2)
     assert chi2_pvalue([tuple(o) for o in out], law) > 1e-3
 
@@ -116,7 +132,8 @@ def test_biased_engine_fails_the_check(tiny, monkeypatch):
     monkeypatch.setattr(engine_mod, "verify", accept_all)
     samples, sampling, _ = run_engine(tiny, "rejection", 1.0)
     law = exact_law(tiny[0], sampling, 3)
-    pvals = [chi2_pvalue([tuple(s[i] for i in idx) for s in samples], marginal(law, idx))
-             for idx in [(1,), (2,), (1, 2)]]
+    pvals = [
+        chi2_pvalue([tuple(s[i] for i in idx) for s in samples], marginal(law, idx))
+        for idx in [(1,), (2,), (1, 2)]
+    ]
     assert min(pvals) < 1e-6
-

@@ -1,0 +1,56 @@
+"""Shared test fixtures: ``sglang_server``, a factory for real SGLang servers on the dflash CPU platform."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import pytest
+from server_fixture import ACTIVE_SERVERS, ServerClient, launch_sglang_server
+
+
+class ServerFactory:
+    """``factory(extra_args)`` -> context manager; ``factory.start(extra_args)`` -> client kept until
+    the end of the owning fixture scope (servers started with the same args are reused)."""
+
+    def __init__(self) -> None:
+        self._stack = contextlib.ExitStack()
+        self._started: dict[tuple[str, ...], ServerClient] = {}
+
+    def __call__(self, extra_args: Sequence[str] = (), **kwargs: Any) -> contextlib.AbstractContextManager:
+        return launch_sglang_server(extra_args, **kwargs)
+
+    def start(self, extra_args: Sequence[str] = (), **kwargs: Any) -> ServerClient:
+        key = tuple(extra_args)
+        if key not in self._started:
+            self._started[key] = self._stack.enter_context(launch_sglang_server(extra_args, **kwargs))
+        return self._started[key]
+
+    def close(self) -> None:
+        self._stack.close()
+        self._started.clear()
+        self._stack = contextlib.ExitStack()
+
+
+@pytest.fixture(scope="module")
+def sglang_server() -> Iterator[ServerFactory]:
+    """Module-scoped factory: ``with sglang_server([...]) as srv`` or ``srv = sglang_server.start([...])``."""
+    factory = ServerFactory()
+    try:
+        yield factory
+    finally:
+        factory.close()
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[Any]) -> Iterator[None]:
+    """Attach (and print) the log tail of every live server to a failing test's report."""
+    outcome = yield
+    report = outcome.get_result()
+    if not report.failed or not ACTIVE_SERVERS:
+        return
+    for server in ACTIVE_SERVERS:
+        tail = server.log_tail(120)
+        report.sections.append((f"sglang server log {server.log_path}", tail))
+        print(f"\n----- sglang server log tail ({server.log_path}) -----\n{tail}")

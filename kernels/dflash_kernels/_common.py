@@ -58,6 +58,24 @@ def check_shape(name: str, arg: str, t: torch.Tensor, shape: tuple[int, ...], wh
         raise ValueError(f"{name}: {arg} must be {what} = {tuple(shape)}, got {tuple(t.shape)}")
 
 
+
+def check_valid_len(name: str, valid_len: torch.Tensor | None, bs: int,
+                    tensors: dict[str, torch.Tensor]) -> None:
+    """Optional ragged block lengths [bs] (int); added to ``tensors`` for the device check."""
+    if valid_len is not None:
+        check_shape(name, "valid_len", valid_len, (bs,), "[bs]")
+        check_dtype(name, "valid_len", valid_len, INT_DTYPES)
+        tensors["valid_len"] = valid_len
+
+
+def empty_accept_outputs(bs: int, block: int,
+                         device: torch.device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """accept_len [bs], bonus [bs], committed [bs, B], int64, for a kernel to fill."""
+    return (torch.empty(bs, dtype=torch.int64, device=device),
+            torch.empty(bs, dtype=torch.int64, device=device),
+            torch.empty(bs, block, dtype=torch.int64, device=device))
+
+
 @triton.jit
 def round_to(x, MODE: tl.constexpr):
     """Round float32 x to bf16 / fp16 precision (round-to-nearest-even) and return it as float32.

@@ -16,7 +16,16 @@ import triton.language as tl
 
 from dflash_sglang.core.verify import VerifyResult
 
-from ._common import FLOAT_DTYPES, INT_DTYPES, check_device, check_dtype, check_shape, next_pow2
+from ._common import (
+    FLOAT_DTYPES,
+    INT_DTYPES,
+    check_device,
+    check_dtype,
+    check_shape,
+    check_valid_len,
+    empty_accept_outputs,
+    next_pow2,
+)
 
 NAME = "greedy_accept"
 
@@ -69,14 +78,9 @@ def greedy_accept(
     check_shape(NAME, "target ids", target, (bs, block), "[bs, B]")
     check_dtype(NAME, "target ids", target, INT_DTYPES)
     tensors = {"block_tokens": block_tokens, "target": target}
-    if valid_len is not None:
-        check_shape(NAME, "valid_len", valid_len, (bs,), "[bs]")
-        check_dtype(NAME, "valid_len", valid_len, INT_DTYPES)
-        tensors["valid_len"] = valid_len
+    check_valid_len(NAME, valid_len, bs, tensors)
     device = check_device(NAME, tensors)
-    accept_len = torch.empty(bs, dtype=torch.int64, device=device)
-    bonus = torch.empty(bs, dtype=torch.int64, device=device)
-    committed = torch.empty(bs, block, dtype=torch.int64, device=device)
+    accept_len, bonus, committed = empty_accept_outputs(bs, block, device)
     if bs:
         _greedy_accept_kernel[(bs,)](
             block_tokens, target, valid_len if valid_len is not None else accept_len,

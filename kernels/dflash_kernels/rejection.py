@@ -22,7 +22,16 @@ import triton.language as tl
 from dflash_sglang.core.kernel_ref import FIXED_POINT_SCALE
 from dflash_sglang.core.verify import VerifyResult
 
-from ._common import FLOAT_DTYPES, INT_DTYPES, check_device, check_dtype, check_shape, next_pow2
+from ._common import (
+    FLOAT_DTYPES,
+    INT_DTYPES,
+    check_device,
+    check_dtype,
+    check_shape,
+    check_valid_len,
+    empty_accept_outputs,
+    next_pow2,
+)
 
 NAME = "chain_rejection"
 DEFAULT_BLOCK_V = 2048
@@ -157,14 +166,9 @@ def chain_rejection(
         raise ValueError(f"{NAME}: block_v must be a power of two >= 16, got {block_v}")
     tensors = {"block_tokens": block_tokens, "target_probs": target_probs, "draft_probs": draft_probs,
                "uniforms": uniforms, "bonus_uniforms": bonus_uniforms}
-    if valid_len is not None:
-        check_shape(NAME, "valid_len", valid_len, (bs,), "[bs]")
-        check_dtype(NAME, "valid_len", valid_len, INT_DTYPES)
-        tensors["valid_len"] = valid_len
+    check_valid_len(NAME, valid_len, bs, tensors)
     device = check_device(NAME, tensors)
-    accept_len = torch.empty(bs, dtype=torch.int64, device=device)
-    bonus = torch.empty(bs, dtype=torch.int64, device=device)
-    committed = torch.empty(bs, block, dtype=torch.int64, device=device)
+    accept_len, bonus, committed = empty_accept_outputs(bs, block, device)
     if bs == 0:
         return VerifyResult(accept_len, bonus, committed, accept_len + 1)
     chunks = triton.cdiv(vocab, block_v)

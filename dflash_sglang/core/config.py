@@ -205,8 +205,8 @@ class DFlashConfig:
             if "sliding_attention" in self.layer_types and not self.sliding_window:
                 raise bad("sliding_window", self.sliding_window, "sliding_attention layers need a window > 0")
 
-    def validate_against(self, target: TargetSpec) -> None:
-        """Raise if this drafter cannot serve ``target``."""
+    def validate_against(self, target: TargetSpec, needs_mask_id: bool = True) -> None:
+        """Raise if this drafter cannot serve ``target`` (``needs_mask_id``: mask_token resolved)."""
         if self.hidden_size != target.hidden_size:
             raise DFlashConfigError(
                 f"hidden_size: drafter has {self.hidden_size}, target has {target.hidden_size}; "
@@ -222,7 +222,7 @@ class DFlashConfig:
                 f"dflash_config.target_layer_ids={list(self.target_layer_ids)}: the target has only "
                 f"{target.num_layers} layers; use a drafter trained for this target"
             )
-        if self.mask_token_id is None:
+        if self.mask_token_id is None and needs_mask_id:
             raise DFlashConfigError("dflash_config.mask_token: unresolved; call with_tokenizer() first")
 
     def with_tokenizer(self, tokenizer: Any) -> DFlashConfig:

@@ -17,6 +17,7 @@ from typing import Any
 logger = logging.getLogger(__name__)
 WORKER_ENV = "DFLASH_SGLANG_WORKER"  # "ours" (default) | "builtin"
 CREATE_WORKER = "sglang.srt.speculative.spec_info.SpeculativeAlgorithm.create_worker"
+HANDLE_DFLASH = "sglang.srt.arg_groups.speculative_hook._handle_dflash"
 
 
 def use_builtin() -> bool:
@@ -45,6 +46,7 @@ def register() -> None:
         logger.info("dflash-sglang: %s=builtin, SGLang's built-in DFLASH worker runs", WORKER_ENV)
         return
     HookRegistry.register(CREATE_WORKER, create_worker_hook, HookType.AROUND)
+    HookRegistry.register(HANDLE_DFLASH, refuse_bad_pair_hook, HookType.AFTER)
     register_draft_model()
 
 
@@ -54,3 +56,16 @@ def register_draft_model() -> None:
     from .sglang_drafter import DFlashDraftModel
 
     ModelRegistry.models["DFlashDraftModel"] = DFlashDraftModel
+
+
+def refuse_bad_pair_hook(result: Any, server_args: Any, *args: Any, **kwargs: Any) -> Any:
+    """After SGLang resolves the DFLASH server args (launcher process, before any model loads):
+    a broken drafter or a drafter/target mismatch stops the launch with one line."""
+    from ..core.config import DFlashConfigError
+    from .pair_check import check_local_pair
+
+    try:
+        check_local_pair(server_args.model_path, server_args.speculative_draft_model_path)
+    except DFlashConfigError as e:
+        raise SystemExit(f"dflash-sglang: {e}") from None
+    return result

@@ -180,7 +180,8 @@ print("ANSWER:", state["answer"])
 @pytest.mark.parametrize("change,message", [
     ({"hidden_size": 64, "intermediate_size": 128, "num_attention_heads": 2, "num_key_value_heads": 1,
       "head_dim": 32}, "hidden_size: drafter has 64, target has 576"),
-    ({"dflash_config": {"target_layer_ids": [1, 40], "mask_token_id": 0}}, "target_layer_ids"),
+    ({"num_target_layers": 48, "dflash_config": {"target_layer_ids": [1, 40], "mask_token_id": 0}},
+     "target_layer_ids=[1, 40]: the target has only 30 layers"),
 ])
 def test_mismatched_drafter_refused_with_one_line(sglang_server, target_path, tmp_path, change, message):
     from transformers import AutoConfig

@@ -105,3 +105,35 @@ def test_sampling_from_sglang_marks_greedy_rows() -> None:
     cfg = sampling_from_sglang(Info(), 2, torch.device("cpu"))
     assert cfg.temperature.tolist() == [0.0, pytest.approx(0.7)]
     assert cfg.top_k.tolist() == [1, 0] and cfg.top_p.tolist() == [1.0, pytest.approx(0.9)]
+
+
+def test_launch_time_pair_check(tmp_path) -> None:
+    import json
+
+    from dflash_sglang.core.config import DFlashConfigError
+    from dflash_sglang.core.random_drafter import drafter_config_for, random_drafter
+    from dflash_sglang.glue.pair_check import check_local_pair
+
+    target = tmp_path / "target"
+    target.mkdir()
+    (target / "config.json").write_text(json.dumps(
+        {"hidden_size": 64, "vocab_size": 100, "num_hidden_layers": 8, "num_attention_heads": 4,
+         "intermediate_size": 128}))
+
+    class T:
+        hidden_size, vocab_size, num_hidden_layers, num_attention_heads = 64, 100, 8, 4
+        intermediate_size, num_key_value_heads = 128, 2
+
+    random_drafter(drafter_config_for(T(), block_size=8)).save_pretrained(tmp_path / "ok")
+    check_local_pair(str(target), str(tmp_path / "ok"))
+    check_local_pair(str(target), "org/hub-id")  # not local: left to the worker
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(DFlashConfigError, match="no config.json"):
+        check_local_pair(str(target), str(tmp_path / "empty"))
+    T.hidden_size = 32
+    T.num_attention_heads = 2
+    random_drafter(drafter_config_for(T(), block_size=8)).save_pretrained(tmp_path / "narrow")
+    with pytest.raises(DFlashConfigError, match="hidden_size: drafter has 32, target has 64"):
+        check_local_pair(str(target), str(tmp_path / "narrow"))
+    with pytest.raises(DFlashConfigError, match="required"):
+        check_local_pair(str(target), None)

@@ -28,6 +28,14 @@ def test_create_worker_target_exists_with_expected_signature() -> None:
     assert list(inspect.signature(fn).parameters) == ["self", "server_args"]
 
 
+def test_handle_dflash_target_exists_with_expected_signature() -> None:
+    import pkgutil
+
+    owner, attr = plugin.HANDLE_DFLASH.rsplit(".", 1)
+    fn = getattr(pkgutil.resolve_name(owner), attr)
+    assert list(inspect.signature(fn).parameters) == ["server_args"]
+
+
 def test_sglang_contracts_the_worker_relies_on() -> None:
     from sglang.srt.managers.utils import GenerationBatchResult
     from sglang.srt.models.registry import ModelRegistry

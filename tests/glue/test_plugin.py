@@ -145,3 +145,15 @@ def test_launch_time_pair_check(tmp_path) -> None:
         check_local_pair(str(target), str(tmp_path / "narrow"))
     with pytest.raises(DFlashConfigError, match="required"):
         check_local_pair(str(target), None)
+
+
+def test_stream_plan_is_inline_off_cuda() -> None:
+    from dflash_sglang.glue.streams import StreamPlan
+
+    plan = StreamPlan.for_device("cpu")
+    assert plan.kind == "inline" and plan.stream is None
+    x = torch.zeros(3)
+    with plan.draft():
+        x += 1
+    plan.join()
+    assert x.tolist() == [1.0, 1.0, 1.0]

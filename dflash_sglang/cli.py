@@ -49,7 +49,19 @@ def _random_drafter(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run)
 
 
-SUBCOMMANDS = [_models, _generate, _random_drafter]
+def _train(sub: argparse._SubParsersAction) -> None:
+    from .train.cli import add_train_parser
+
+    add_train_parser(sub)
+
+
+def _bench(sub: argparse._SubParsersAction) -> None:
+    from .bench.cli import add_bench_parser
+
+    add_bench_parser(sub)
+
+
+SUBCOMMANDS = [_models, _generate, _random_drafter, _train, _bench]
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -1,0 +1,145 @@
+"""The DFlash training objective on a batch of sequences.
+
+Per sequence, K anchor positions are drawn from the response tokens. Block j is
+``[token at anchor_j, mask x (B-1)]`` at positions ``anchor_j .. anchor_j + B - 1``; it sees the context
+K/V of positions ``< anchor_j`` of its own sequence (computed once per sequence and layer, shared by all
+its blocks) and, bidirectionally, its own block, nothing else. The loss is cross-entropy at block
+positions 1..B-1 against the tokens at ``anchor_j + 1 .. anchor_j + B - 1``, weighted exp(-(k-1)/gamma).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ..core.drafter import DFlashDrafter
+
+DEFAULT_GAMMA = {16: 7.0, 10: 5.0, 8: 4.0}
+IGNORE = -100
+
+
+def default_gamma(block_size: int) -> float:
+    return DEFAULT_GAMMA.get(block_size, max(1.0, (block_size - 1) / 2))
+
+
+def loss_weights(block_size: int, gamma: float) -> torch.Tensor:
+    """[B-1]: weight of block position k = 1..B-1 is exp(-(k - 1) / gamma)."""
+    k = torch.arange(1, block_size, dtype=torch.float32)
+    return torch.exp(-(k - 1) / gamma)
+
+
+@dataclass(frozen=True)
+class BlockBatch:
+    taps: torch.Tensor  # [S, L, T*H] context features of positions 0..L-1
+    ctx_valid: torch.Tensor  # [S, L] bool
+    block_ids: torch.Tensor  # [S, K*B] anchor token then mask tokens
+    block_pos: torch.Tensor  # [S, K*B] absolute positions
+    labels: torch.Tensor  # [S, K, B-1] next tokens; IGNORE past the sequence end / padding blocks
+    mask: torch.Tensor  # [S, 1, K*B, L + K*B] bool attention visibility
+
+    def to(self, device: torch.device | str) -> BlockBatch:
+        return BlockBatch(*(getattr(self, f).to(device) for f in self.__dataclass_fields__))
+
+
+def sample_anchors(prompt_len: int, n: int, k: int, gen: torch.Generator) -> torch.Tensor:
+    """Up to k distinct anchors among response positions prompt_len .. n-2 (each has a next token)."""
+    lo, hi = prompt_len, n - 1
+    if hi <= lo:
+        return torch.zeros(0, dtype=torch.long)
+    pick = torch.randperm(hi - lo, generator=gen)[:k]
+    return (pick + lo).sort().values
+
+
+def build_batch(ids: list[torch.Tensor], anchors: list[torch.Tensor], taps: list[torch.Tensor],
+                block_size: int, blocks: int, mask_id: int) -> BlockBatch:
+    """ids: per sequence [n]; anchors: per sequence [<= blocks]; taps: per sequence [n-1, T*H]."""
+    s, nb, length = len(ids), block_size, max(t.shape[0] for t in taps)
+    feat = torch.zeros(s, length, taps[0].shape[-1], dtype=torch.float32)
+    ctx_valid = torch.zeros(s, length, dtype=torch.bool)
+    anchor = torch.zeros(s, blocks, dtype=torch.long)
+    a_valid = torch.zeros(s, blocks, dtype=torch.bool)
+    labels = torch.full((s, blocks, nb - 1), IGNORE, dtype=torch.long)
+    block_ids = torch.full((s, blocks, nb), mask_id, dtype=torch.long)
+    offs = torch.arange(nb)
+    for i, (seq, anc, tp) in enumerate(zip(ids, anchors, taps, strict=True)):
+        feat[i, : tp.shape[0]] = tp.float()
+        ctx_valid[i, : tp.shape[0]] = True
+        m = anc.shape[0]
+        anchor[i, :m], a_valid[i, :m] = anc, True
+        block_ids[i, :m, 0] = seq[anc]
+        tgt = anc[:, None] + offs[None, 1:]  # [m, B-1]
+        ok = tgt < seq.shape[0]
+        labels[i, :m] = torch.where(ok, seq[tgt.clamp_max(seq.shape[0] - 1)], IGNORE)
+    block_pos = (anchor[:, :, None] + offs).reshape(s, blocks * nb)
+    return BlockBatch(feat, ctx_valid, block_ids.reshape(s, -1), block_pos, labels,
+                      block_mask(anchor, a_valid, ctx_valid, nb))
+
+
+def block_mask(anchor: torch.Tensor, a_valid: torch.Tensor, ctx_valid: torch.Tensor, nb: int) -> torch.Tensor:
+    """anchor/a_valid [S, K], ctx_valid [S, L] -> [S, 1, K*B, L + K*B]: context < anchor + own block."""
+    s, k = anchor.shape
+    q_anchor = anchor.repeat_interleave(nb, dim=1)  # [S, K*B]
+    ctx_pos = torch.arange(ctx_valid.shape[1])
+    to_ctx = (ctx_pos[None, None] < q_anchor[:, :, None]) & ctx_valid[:, None]  # [S, K*B, L]
+    to_ctx &= a_valid.repeat_interleave(nb, dim=1)[:, :, None]
+    blk = torch.arange(k).repeat_interleave(nb)
+    to_blk = (blk[:, None] == blk[None, :]).expand(s, -1, -1)  # [S, K*B, K*B]
+    return torch.cat([to_ctx, to_blk], dim=2)[:, None]
+
+
+@dataclass(frozen=True)
+class LossOut:
+    loss: torch.Tensor  # [] weighted mean cross-entropy
+    correct: torch.Tensor  # [S, K, B-1] bool top-1 hits (False where ignored)
+    valid: torch.Tensor  # [S, K, B-1] bool
+
+
+class BlockLoss(nn.Module):
+    """The drafter plus the target's frozen embedding / LM head; forward(batch) -> LossOut (DDP-able)."""
+
+    def __init__(self, drafter: DFlashDrafter, embed_weight: torch.Tensor, lm_head_weight: torch.Tensor,
+                 gamma: float, head_dtype: torch.dtype = torch.float32) -> None:
+        super().__init__()
+        self.drafter = drafter
+        self.embed_weight = embed_weight.detach()  # plain attributes: frozen, not saved, not synced
+        self.head_dtype = head_dtype  # bf16 halves the cost of the 49k-vocab LM head on CPU
+        self.lm_head_weight = lm_head_weight.detach().to(head_dtype)
+        self.weights = loss_weights(drafter.cfg.block_size, gamma)
+
+    def hidden(self, b: BlockBatch) -> torch.Tensor:
+        """-> final-normed drafter hidden states [S, K*B, H]."""
+        d = self.drafter
+        pos = torch.arange(b.taps.shape[1], device=b.taps.device).expand(b.taps.shape[:2])
+        ctx_k, ctx_v = d.context_kv(b.taps, pos)
+        x = F.embedding(b.block_ids, self.embed_weight) * d.cfg.input_embedding_scale
+        cos, sin = d.rope(b.block_pos, x.dtype)
+        for i, layer in enumerate(d.layers):
+            x = x + layer.self_attn(layer.input_layernorm(x), cos, sin, ctx_k[i], ctx_v[i], b.mask)
+            x = x + layer.mlp(layer.post_attention_layernorm(x))
+        return d.norm(x)
+
+    def forward(self, b: BlockBatch) -> LossOut:
+        s, k, nb1 = b.labels.shape
+        h = self.hidden(b).view(s, k, nb1 + 1, -1)[:, :, 1:]  # [S, K, B-1, H]
+        valid = b.labels != IGNORE
+        rows = h[valid].to(self.head_dtype)  # [N, H]: only positions with a label reach the LM head
+        logits = self.drafter.logits(rows, self.lm_head_weight).float()  # [N, V]
+        tgt = b.labels[valid]
+        ce = F.cross_entropy(logits, tgt, reduction="none")
+        w = self.weights.to(ce.device).expand(s, k, nb1)[valid]
+        correct = torch.zeros_like(valid)
+        correct[valid] = logits.argmax(-1) == tgt
+        return LossOut((w * ce).sum() / w.sum().clamp_min(1e-9), correct, valid)
+
+
+def expected_accept(correct: torch.Tensor, valid: torch.Tensor) -> float:
+    """Mean over full-length blocks of 1 + the number of leading correct drafts (a tau estimate)."""
+    full = valid.all(-1)  # [S, K]
+    if not bool(full.any()):
+        return math.nan
+    run = correct.long().cumprod(-1).sum(-1)  # [S, K]
+    return float(1 + run[full].float().mean())

@@ -1,0 +1,56 @@
+"""``dflash-sglang train`` end to end on a tiny Llama that shares SmolLM2's tokenizer (chat template)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+
+from dflash_sglang.cli import build_parser, main
+from dflash_sglang.core.drafter import DFlashDrafter
+
+
+def test_parser_has_train() -> None:
+    a = build_parser().parse_args(["train", "--target", "t", "--data", "a.jsonl", "b.jsonl", "--out", "o"])
+    assert a.data == ["a.jsonl", "b.jsonl"] and a.block_size == 16 and a.features == "cache"
+
+
+@pytest.fixture(scope="module")
+def tiny_chat_target(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from dflash_sglang.models import fetch_model
+
+    src = fetch_model("smollm2-135m", log=lambda m: None)
+    out = tmp_path_factory.mktemp("tiny_chat")
+    torch.manual_seed(0)
+    cfg = LlamaConfig(vocab_size=49152, hidden_size=32, intermediate_size=64, num_hidden_layers=4,
+                      num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=True,
+                      eos_token_id=2, bos_token_id=1)
+    LlamaForCausalLM(cfg).save_pretrained(out)
+    for f in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja"):
+        if (src / f).is_file():
+            shutil.copy(src / f, out / f)
+    return out
+
+
+@pytest.mark.parametrize("features", ["cache", "online"])
+def test_train_command_end_to_end(tiny_chat_target: Path, tmp_path: Path, features: str) -> None:
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text("".join(json.dumps({"question": f"What is {i} plus {i}?"}) + "\n" for i in range(7)))
+    out = tmp_path / "drafter"
+    args = ["train", "--target", str(tiny_chat_target), "--data", str(prompts), "--out", str(out),
+            "--num-prompts", "5", "--eval-prompts", "1", "--max-answer-tokens", "8", "--gen-batch-size", "4",
+            "--block-size", "4", "--taps", "2", "--steps", "3", "--batch-size", "2", "--blocks-per-seq", "2",
+            "--eval-max-new-tokens", "6", "--cache-dir", str(tmp_path / "cache"), "--features", features,
+            "--state-dir", str(tmp_path / "state"), "--threads", "1"]
+    assert main(args) == 0
+    d = DFlashDrafter.from_pretrained(out)
+    assert d.cfg.block_size == 4 and len(d.cfg.target_layer_ids) == 2 and d.cfg.mask_token_id == 0
+    assert sorted(p.name for p in out.iterdir()) == ["config.json", "model.safetensors"]
+    log = [json.loads(x) for x in (tmp_path / "state" / "train_log.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in log] == [1, 2, 3]
+    assert json.loads((tmp_path / "state" / "eval_tau.json").read_text())[-1]["step"] == 3

@@ -1,0 +1,99 @@
+"""The training loop on a tiny random Llama target: learning, determinism, resume, checkpoint format."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from dflash_sglang.core.drafter import ContextKV, DFlashDrafter
+from dflash_sglang.train.loop import STATE_FILE, TrainConfig, lr_factor
+
+from .tiny import tiny_train
+
+
+def _losses(res) -> list[float]:
+    return [r["loss"] for r in res.history]
+
+
+def test_loss_decreases_on_tiny_overfit_run(tmp_path: Path) -> None:
+    res = tiny_train(tmp_path / "a", steps=40, lr=1e-2)
+    losses = _losses(res)
+    assert sum(losses[-5:]) / 5 < 0.7 * sum(losses[:5]) / 5, losses
+    assert res.taus and res.taus[-1]["tau"] >= 1.0  # held-out tau measured at the end
+
+
+def test_same_seed_same_loss_curve(tmp_path: Path) -> None:
+    a, b = tiny_train(tmp_path / "a", steps=6), tiny_train(tmp_path / "b", steps=6)
+    assert _losses(a) == _losses(b)
+    c = tiny_train(tmp_path / "c", steps=6, seed=1)
+    assert _losses(c) != _losses(a)
+
+
+def test_resume_matches_uninterrupted_run(tmp_path: Path) -> None:
+    full = tiny_train(tmp_path / "full", steps=8)
+    part = tiny_train(tmp_path / "part", steps=8, stop_at=3)
+    assert part.step == 3 and (tmp_path / "part" / STATE_FILE).is_file()
+    resumed = tiny_train(tmp_path / "part", steps=8)
+    assert resumed.step == 8
+    assert _losses(resumed) == _losses(full)
+    a = DFlashDrafter.from_pretrained(tmp_path / "full").state_dict()
+    b = DFlashDrafter.from_pretrained(tmp_path / "part").state_dict()
+    for k in a:
+        torch.testing.assert_close(a[k], b[k], rtol=0, atol=0)
+
+
+def test_lr_schedule_warmup_then_cosine() -> None:
+    cfg = TrainConfig(out="x", steps=100, warmup=10, min_lr_ratio=0.1)
+    assert lr_factor(0, cfg) == pytest.approx(0.1)
+    assert lr_factor(9, cfg) == pytest.approx(1.0)
+    assert lr_factor(10, cfg) == pytest.approx(1.0)
+    assert lr_factor(100, cfg) == pytest.approx(0.1)
+    assert lr_factor(55, cfg) == pytest.approx(0.55)
+
+
+def test_checkpoint_is_published_format(tmp_path: Path) -> None:
+    tiny_train(tmp_path / "ck", steps=2, save_dtype="bfloat16")
+    cfg = json.loads((tmp_path / "ck" / "config.json").read_text())
+    assert cfg["architectures"] == ["DFlashDraftModel"]
+    assert set(cfg["dflash_config"]) >= {"target_layer_ids", "mask_token_id", "block_size"}
+    assert cfg["torch_dtype"] == "bfloat16"
+    from safetensors.torch import load_file
+
+    state = load_file(str(tmp_path / "ck" / "model.safetensors"))
+    assert all(v.dtype == torch.bfloat16 for v in state.values())
+    assert not any(k.startswith(("embed_tokens", "lm_head")) for k in state)  # borrowed from the target
+    DFlashDrafter.from_pretrained(tmp_path / "ck")
+
+
+def test_checkpoint_matches_reference_model_class(tmp_path: Path) -> None:
+    """Read-only oracle: the PyPI ``dflash`` model class loads our weights and computes the same states."""
+    try:
+        import dflash.model as oracle
+        from transformers.models.qwen3.modeling_qwen3 import Qwen3Config
+    except Exception as exc:
+        pytest.skip(f"reference oracle unavailable ({exc!r}); pip install --no-deps dflash==0.1.0")
+    tiny_train(tmp_path / "ck", steps=3)
+    ours = DFlashDrafter.from_pretrained(tmp_path / "ck")
+    d = json.loads((tmp_path / "ck" / "config.json").read_text())
+    kw = {k: v for k, v in d.items() if k not in ("architectures", "model_type", "rope_theta", "torch_dtype")}
+    kw["rope_parameters"] = {"rope_type": "default", "rope_theta": d["rope_theta"]}
+    ocfg = Qwen3Config(**kw)
+    ocfg._attn_implementation = "sdpa"
+    ref = oracle.DFlashDraftModel(ocfg).eval()
+    from safetensors.torch import load_file
+
+    ref.load_state_dict(load_file(str(tmp_path / "ck" / "model.safetensors")), strict=True)
+    g = torch.Generator().manual_seed(0)
+    ctx, nb, h = 7, ours.cfg.block_size, ours.cfg.hidden_size
+    taps = torch.randn(1, ctx, ours.cfg.num_taps * h, generator=g)
+    embeds = torch.randn(1, nb, h, generator=g)
+    with torch.no_grad():
+        cpos = torch.arange(ctx)[None]
+        k, v = ours.context_kv(taps, cpos)
+        got = ours.forward_block(embeds, torch.arange(ctx, ctx + nb)[None],
+                                 ContextKV(k, v, cpos, torch.ones(1, ctx, dtype=torch.bool)))
+        want = ref(position_ids=torch.arange(ctx + nb)[None], noise_embedding=embeds, target_hidden=taps)
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)

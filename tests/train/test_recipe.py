@@ -1,0 +1,131 @@
+"""The block-diffusion objective: loss weights, anchors, the block mask, parity with the inference path."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from dflash_sglang.core.drafter import ContextKV
+from dflash_sglang.train.recipe import (
+    IGNORE,
+    BlockLoss,
+    build_batch,
+    default_gamma,
+    loss_weights,
+    sample_anchors,
+)
+
+from .tiny import BLOCK, MASK, tiny_drafter, tiny_model, tiny_samples, tiny_target
+
+
+@pytest.mark.parametrize("block, gamma", [(16, 7.0), (10, 5.0), (8, 4.0)])
+def test_loss_weights_formula(block: int, gamma: float) -> None:
+    assert default_gamma(block) == gamma
+    w = loss_weights(block, gamma)
+    assert w.shape == (block - 1,)
+    for k in range(1, block):
+        assert w[k - 1].item() == pytest.approx(math.exp(-(k - 1) / gamma))
+
+
+def test_anchors_are_response_positions_with_a_next_token() -> None:
+    g = torch.Generator().manual_seed(0)
+    for _ in range(20):
+        a = sample_anchors(5, 12, 4, g)
+        assert a.numel() == 4 and a.unique().numel() == 4
+        assert int(a.min()) >= 5 and int(a.max()) <= 10
+    assert sample_anchors(5, 6, 4, g).numel() == 0  # no response token with a successor
+    assert sample_anchors(5, 8, 9, g).tolist() == [5, 6]
+
+
+def _setup() -> tuple[BlockLoss, list, torch.Tensor]:
+    torch.manual_seed(0)
+    model = tiny_model()
+    target = tiny_target(model)
+    drafter = tiny_drafter(model).float()
+    with torch.no_grad():  # larger weights so that any leak shows up clearly
+        for p in drafter.parameters():
+            p.add_(0.3 * torch.randn_like(p))
+    samples = tiny_samples(target, n=2, answer=24)
+    return BlockLoss(drafter, target.embed_weight, target.lm_head_weight, 7.0), samples, target.embed_weight
+
+
+def _batch(samples: list, anchors: list[torch.Tensor], ids: list | None = None, taps: list | None = None):
+    ids = ids or [s.ids for s in samples]
+    taps = taps or [s.taps.float() for s in samples]
+    return build_batch(ids, anchors, taps, BLOCK, 3, MASK)
+
+
+def test_labels_are_the_next_tokens() -> None:
+    _, samples, _ = _setup()
+    s = samples[0]
+    n = len(s.ids)
+    anchors = [torch.tensor([s.prompt_len, n - 3]), torch.tensor([samples[1].prompt_len])]
+    b = _batch(samples, anchors)
+    assert b.labels[0, 0].tolist() == s.ids[s.prompt_len + 1: s.prompt_len + BLOCK].tolist()
+    assert b.labels[0, 1].tolist() == [int(s.ids[n - 2]), int(s.ids[n - 1]), IGNORE]  # runs off the end
+    assert (b.labels[0, 2] == IGNORE).all() and (b.labels[1, 1:] == IGNORE).all()  # padding blocks
+    assert b.block_ids[0, :BLOCK].tolist() == [int(s.ids[s.prompt_len])] + [MASK] * (BLOCK - 1)
+
+
+def test_block_sees_only_its_past_and_its_own_block() -> None:
+    """Perturbing everything at or after anchor_0 (context features and other blocks' tokens) leaves
+    block 0's hidden states and loss unchanged, while a later block does change."""
+    loss, samples, _ = _setup()
+    s = samples[0]
+    a0, a1 = s.prompt_len + 2, s.prompt_len + 9
+    anchors = [torch.tensor([a0, a1]), torch.tensor([samples[1].prompt_len + 1])]
+    base = _batch(samples, anchors)
+    ids = [s.ids.clone(), samples[1].ids]
+    ids[0][a0 + 1:] = torch.randint(2, 64, (len(s.ids) - a0 - 1,))
+    taps = [s.taps.float().clone(), samples[1].taps.float()]
+    taps[0][a0:] = torch.randn_like(taps[0][a0:])
+    moved = _batch(samples, anchors, ids, taps)
+    with torch.no_grad():
+        h0, h1 = loss.hidden(base), loss.hidden(moved)
+        blk = slice(0, BLOCK)
+        torch.testing.assert_close(h0[0, blk], h1[0, blk], rtol=0, atol=1e-6)
+        assert not torch.allclose(h0[0, BLOCK: 2 * BLOCK], h1[0, BLOCK: 2 * BLOCK], atol=1e-3)
+        torch.testing.assert_close(h0[1], h1[1], rtol=0, atol=1e-6)  # other sequence untouched
+        one = [torch.tensor([a0]), anchors[1]]
+        l_base = loss(build_batch([s.ids, samples[1].ids], one, [s.taps.float(), samples[1].taps.float()],
+                                  BLOCK, 1, MASK)).loss
+        l_moved = loss(build_batch([s.ids[: a0 + BLOCK].clone(), samples[1].ids], one,
+                                   [taps[0][:a0].clone(), samples[1].taps.float()], BLOCK, 1, MASK)).loss
+        # same labels, context truncated at the anchor: the loss of the block cannot move
+        torch.testing.assert_close(l_base, l_moved, rtol=0, atol=1e-6)
+
+
+def test_training_forward_matches_inference_forward() -> None:
+    """Each block's hidden states equal DFlashDrafter.forward_block with context = positions < anchor."""
+    loss, samples, embed = _setup()
+    s = samples[0]
+    anchors = [torch.tensor([s.prompt_len, s.prompt_len + 5, s.prompt_len + 11]),
+               torch.tensor([samples[1].prompt_len + 3])]
+    b = _batch(samples, anchors)
+    d = loss.drafter
+    with torch.no_grad():
+        h = loss.hidden(b)
+        for j, a in enumerate(anchors[0].tolist()):
+            ctx_pos = torch.arange(a)[None]
+            k, v = d.context_kv(s.taps.float()[None, :a], ctx_pos)
+            ctx = ContextKV(k, v, ctx_pos, torch.ones(1, a, dtype=torch.bool))
+            blk = b.block_ids[:1, j * BLOCK: (j + 1) * BLOCK]
+            emb = torch.nn.functional.embedding(blk, embed)
+            want = d.forward_block(emb, a + torch.arange(BLOCK)[None], ctx)
+            torch.testing.assert_close(h[:1, j * BLOCK: (j + 1) * BLOCK], want, rtol=1e-5, atol=1e-5)
+
+
+def test_loss_is_the_weighted_cross_entropy() -> None:
+    loss, samples, _ = _setup()
+    anchors = [torch.tensor([samples[0].prompt_len + 1]), torch.tensor([samples[1].prompt_len])]
+    b = _batch(samples, anchors)
+    with torch.no_grad():
+        out = loss(b)
+        h = loss.hidden(b).view(2, 3, BLOCK, -1)[:, :1, 1:]  # first (only real) block of each sequence
+        logits = loss.drafter.logits(h, loss.lm_head_weight)
+        labels = b.labels[:, :1].flatten()
+        ce = torch.nn.functional.cross_entropy(logits.flatten(0, 2), labels, reduction="none")
+        w = loss_weights(BLOCK, 7.0).repeat(2)
+        torch.testing.assert_close(out.loss, (w * ce).sum() / w.sum())

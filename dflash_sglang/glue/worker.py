@@ -92,7 +92,6 @@ class DFlashWorker(BaseSpecWorker):
             return self._prefill(batch, publish, pp_proxy_tensors)
         if batch.forward_mode.is_idle():
             return self._idle(publish)
-        _refuse_grammar(batch)
         return self._decode(batch, publish)
 
     # --------------------------------------------------------------------- phases
@@ -249,9 +248,3 @@ def _check_pair(draft: Any, target_cfg: Any, block_size: int) -> int:
         logger.warning("dflash-sglang: block size %d exceeds the drafter's trained block_size %d",
                        block_size, draft.cfg.block_size)
     return int(draft.cfg.mask_token_id)
-
-
-def _refuse_grammar(batch: Any) -> None:
-    if getattr(batch.sampling_info, "grammars", None) and any(batch.sampling_info.grammars):
-        raise NotImplementedError(
-            "dflash-sglang: structured output (grammar) is not supported with DFLASH yet")

@@ -157,3 +157,23 @@ def test_stream_plan_is_inline_off_cuda() -> None:
         x += 1
     plan.join()
     assert x.tolist() == [1.0, 1.0, 1.0]
+
+
+def test_constrained_requests_refused() -> None:
+    import pkgutil
+
+    owner, attr = plugin.VALIDATE_REQUEST.rsplit(".", 1)
+    fn = getattr(pkgutil.resolve_name(owner), attr)
+    assert list(inspect.signature(fn).parameters) == ["req", "enable_overlap"]
+
+    class Params:
+        json_schema = regex = ebnf = structural_tag = None
+
+    class Req:
+        sampling_params = Params()
+
+    req = Req()
+    assert plugin.refuse_constrained_request_hook(None, req, False) is None
+    assert plugin.refuse_constrained_request_hook("earlier error", req, False) == "earlier error"
+    req.sampling_params.regex = "[0-9]+"
+    assert "not supported with DFLASH" in plugin.refuse_constrained_request_hook(None, req, False)

@@ -192,7 +192,8 @@ def launch_sglang_server(
     log_path = log_root / f"server-{port}.log"
     cmd = server_command(model_path or default_model_path(), port, extra_args)
     server_env = {
-        **os.environ,
+        # TRITON_INTERPRET belongs to in-process kernel tests; a server never runs the interpreter.
+        **{k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"},
         "SGLANG_PLATFORM": PLATFORM_NAME,
         # One intra-op thread unless told otherwise: on a small shared CPU, OpenMP spin-waiting
         # across processes (server, test client, HF reference) is several times slower.

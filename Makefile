@@ -18,11 +18,15 @@ setup: $(VENV)/.installed
 demo: setup
 	$(PY) examples/demo.py --prompts $(DATA)/spec_bench_questions.jsonl
 
+# The Triton-interpreter kernel tests run in a process of their own: TRITON_INTERPRET must be set
+# before triton specialises the kernels, and nothing else in that process may have touched triton.
 test: setup
-	$(PY) -m pytest -ra -m "slow or not slow"
+	$(PY) -m pytest -ra tests/kernels
+	$(PY) -m pytest -ra -m "slow or not slow" --ignore=tests/kernels
 
 test-fast: setup
-	$(PY) -m pytest -ra
+	$(PY) -m pytest -ra tests/kernels
+	$(PY) -m pytest -ra --ignore=tests/kernels
 
 lint: setup
 	$(VENV)/bin/ruff check .

@@ -64,9 +64,7 @@ def build(args: argparse.Namespace) -> Setup:
 
 
 def _with_mask(drafter: DFlashDrafter, tok: Any) -> DFlashDrafter:
-    cfg = drafter.cfg.with_tokenizer(tok)
-    if cfg is not drafter.cfg:
-        drafter.cfg = cfg
+    drafter.cfg = drafter.cfg.with_tokenizer(tok)  # resolves a string mask_token; else unchanged
     return drafter
 
 

@@ -5,8 +5,8 @@ Throughput of a step with block b for a batch of bs requests is
 where E[tokens | b] = 1 + sum_{j=1}^{b-1} prod_{i<=j} a_i  (a_i: measured probability that draft
 position i is accepted given positions < i were) and cost(bs, b) is the measured wall time of a
 step. b = 1 is plain decoding (no draft pass). The policy picks the b with the best estimate,
-tries every candidate a few times first (costs must be measured, not guessed), and re-explores
-now and then so the estimates follow the load.
+measures the candidates as a ladder (costs must be measured, not guessed: see BlockPolicy), and
+re-explores now and then so the estimates follow the load.
 """
 
 from __future__ import annotations
@@ -75,12 +75,22 @@ class CostModel:
 
 @dataclass
 class BlockPolicy:
+    """Per batch-size bucket, climb the candidate ladder 1, 2, 4, ..., max_block while each rung beats
+    the one below, then exploit the best measured rung and re-measure a neighbour now and then.
+
+    Throughput is unimodal in b (expected tokens are concave in b, step cost grows with b), so the
+    climb stops at the first rung that loses; a compute-bound batch pays for two cheap rungs (b = 1,
+    2), not for a max-size block. ``switches`` records each change of the exploited block per bucket.
+    """
+
     max_block: int
-    warmup: int = 3  # measured steps per (bucket, candidate) before exploiting
-    explore_every: int = 64  # then one exploratory step per this many steps
+    warmup: int = 2  # measured steps per (bucket, rung) before its cost counts
+    explore_every: int = 64  # then one step on a neighbour of the best rung per this many steps
     acceptance: AcceptanceTracker = field(init=False)
     cost: CostModel = field(default_factory=CostModel)
     steps: int = 0
+    chosen: dict[int, int] = field(default_factory=dict)  # bucket -> block exploited last
+    switches: list[tuple[int, int, int]] = field(default_factory=list)  # (step, bucket, new block)
 
     def __post_init__(self) -> None:
         self.acceptance = AcceptanceTracker(self.max_block)
@@ -97,14 +107,33 @@ class BlockPolicy:
     def choose(self, bs: int) -> int:
         self.steps += 1
         bucket = CostModel.bucket(bs)
-        for b in self.candidates:  # measure every candidate first
+        climb = self._next_rung(bucket, bs)
+        if climb is not None:
+            return climb
+        rungs = self._measured(bucket)
+        best = max(rungs, key=lambda b: self.throughput(bs, b))
+        if self.chosen.get(bucket) != best:
+            self.chosen[bucket] = best
+            self.switches.append((self.steps, bucket, best))
+        if self.steps % self.explore_every == 0:
+            i = self.candidates.index(best)
+            near = [self.candidates[j] for j in (i - 1, i + 1) if 0 <= j < len(self.candidates)]
+            return max(near, key=lambda b: (b in rungs, self.throughput(bs, b)))
+        return best
+
+    def _measured(self, bucket: int) -> list[int]:
+        return [b for b in self.candidates if self.cost.samples.get((bucket, b), 0) >= self.warmup]
+
+    def _next_rung(self, bucket: int, bs: int) -> int | None:
+        """The rung still being climbed in this bucket, or None once the climb has stopped."""
+        prev = None
+        for b in self.candidates:
             if self.cost.samples.get((bucket, b), 0) < self.warmup:
                 return b
-        best = max(self.candidates, key=lambda b: self.throughput(bs, b))
-        if self.steps % self.explore_every == 0:  # keep the runner-up's cost fresh
-            others = [b for b in self.candidates if b != best]
-            return max(others, key=lambda b: self.throughput(bs, b))
-        return best
+            if prev is not None and self.throughput(bs, b) < self.throughput(bs, prev):
+                return None
+            prev = b
+        return None
 
     def throughput(self, bs: int, block: int) -> float:
         seconds = self.cost.get(bs, block)
@@ -113,3 +142,12 @@ class BlockPolicy:
     def record(self, bs: int, block: int, accept_len: torch.Tensor, seconds: float) -> None:
         self.acceptance.update(accept_len, block)
         self.cost.update(bs, block, seconds)
+
+    def summary(self) -> dict[str, dict[str, float]]:
+        """Per bucket: the exploited block and every measured rung's tokens/s estimate."""
+        out: dict[str, dict[str, float]] = {}
+        for (bucket, b), _ in sorted(self.cost.seconds.items()):
+            out.setdefault(str(bucket), {})[str(b)] = round(self.throughput(bucket, b), 3)
+        for bucket, b in self.chosen.items():
+            out.setdefault(str(bucket), {})["chosen"] = b
+        return out

@@ -64,3 +64,35 @@ def test_every_candidate_is_measured_and_explored() -> None:
     chosen = simulate(p, bs=4, accept=0.6, cost=lambda bs, b: 1.0, steps=200)
     assert set(chosen[:10]) == {1, 2, 4, 8, 16}
     assert len(set(chosen[100:])) >= 2  # exploration keeps the runner-up measured
+
+
+def test_compute_bound_batch_never_pays_for_a_large_block() -> None:
+    # The ladder stops at the first losing rung: b = 2 loses to b = 1, so 4, 8, 16 are never run.
+    p = BlockPolicy(16, explore_every=16)
+    chosen = simulate(p, bs=16, accept=0.2, cost=lambda bs, b: 0.1 + 0.01 * bs * b, steps=200)
+    assert max(chosen) == 2
+    assert chosen.count(2) <= p.warmup + 200 // 16 + 1
+    assert p.switches == [(p.warmup * 2 + 1, 16, 1)]
+    assert p.summary()["16"]["chosen"] == 1
+
+
+def test_climb_stops_at_the_peak_of_a_unimodal_machine() -> None:
+    # Cost grows super-linearly past 16 tokens; acceptance 0.9 makes b = 8 the best rung.
+    def cost(bs: int, b: int) -> float:
+        return 1.0 + 0.02 * b + (0.5 * (b - 8) if b > 8 else 0.0)
+
+    p = BlockPolicy(16, explore_every=1000)
+    chosen = simulate(p, bs=1, accept=0.9, cost=cost, steps=100)
+    assert chosen[-20:] == [8] * 20
+    assert p.summary()["1"]["chosen"] == 8
+
+
+def test_follows_a_drop_in_acceptance() -> None:
+    p = BlockPolicy(16, explore_every=8)
+    cost = lambda bs, b: 1.0 + 0.1 * b  # noqa: E731
+    first = simulate(p, bs=1, accept=0.95, cost=cost, steps=150)
+    assert first[-10:].count(16) + first[-10:].count(8) >= 9
+    p.acceptance.decay = 0.8  # forget the good drafts quickly
+    then = simulate(p, bs=1, accept=0.0, cost=cost, steps=150)
+    assert then[-30:].count(1) >= 25
+    assert p.switches[-1][2] == 1

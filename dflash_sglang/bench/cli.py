@@ -151,7 +151,8 @@ def settings_of(args: argparse.Namespace, target: str, drafter: str | None, work
 
 
 def human_table(results: list[MethodResult]) -> str:
-    rows = ["method    conc   tok/s   TTFT p50 ms  TPOT p50 ms  lat p50/p90/p99 ms          tau"]
+    rows = ["method    conc   tok/s   TTFT p50 ms  TPOT p50 ms  lat p50/p90/p99 ms          tau  "
+            "adaptive block switches (batch bucket -> block)"]
     for m in results:
         if m.status != "ok":
             rows.append(f"{m.name:<9} {m.status}: {m.reason}")
@@ -160,8 +161,9 @@ def human_table(results: list[MethodResult]) -> str:
             tau = f"{lv.spec.tau:.2f}" if lv.spec else "-"
             lat = lv.latency_ms
             lats = f"{lat.p50:8.0f}/{lat.p90:8.0f}/{lat.p99:8.0f}"
+            switches = " ".join(f"bs{b}->{k}" for b, k in lv.adaptive_switches or ())
             rows.append(f"{m.name:<9} {lv.concurrency:>4} {lv.output_tokens_per_s:7.1f} "
-                        f"{lv.ttft_ms.p50:12.1f} {tpot}  {lats}  {tau:>6}")
+                        f"{lv.ttft_ms.p50:12.1f} {tpot}  {lats}  {tau:>6}  {switches}".rstrip())
     return "\n".join(rows)
 
 

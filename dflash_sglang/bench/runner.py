@@ -8,6 +8,7 @@ worker) or "failed" (the others) and the reason: one line from its server log.
 
 from __future__ import annotations
 
+import dataclasses
 import re
 import time
 from collections.abc import Sequence
@@ -23,6 +24,7 @@ from .stats import LevelStats, MethodResult, RequestRecord, level_stats, spec_st
 METHODS = ("nospec", "dflash", "ngram", "builtin")
 WORKER_ENV = "DFLASH_SGLANG_WORKER"  # read by dflash_sglang.glue.plugin
 OUR_WORKER_LOG_LINE = "dflash-sglang: our DFlash worker runs"
+ADAPTIVE_SWITCH = re.compile(r"dflash-sglang: adaptive block (\d+) for batch bucket (\d+)")
 EXCEPTION_LINE = re.compile(r"^([\w.]+(Error|Exception|Exit)|AssertionError)\b.*")
 MAX_LOG_LINE = 2000  # longer log lines (SGLang's server_args dump) are never the reason
 ERRORISH_LINE = re.compile(r"error|exception|not supported|unsupported|failed", re.IGNORECASE)
@@ -182,8 +184,13 @@ def run_method(spec: MethodSpec, workload: Workload, setup: ServerSetup, progres
                 if not flush_cache(client.base_url):
                     notes.append(f"radix cache flush before concurrency {conc} failed")
                 progress.describe(f"{spec.name} c={conc}")
+                log_offset = _log_size(client.log_path)
                 wall, level_records = run_level(client.base_url, workload, conc, progress)
-                levels.append(level_stats(conc, wall, level_records, spec.positions))
+                level = level_stats(conc, wall, level_records, spec.positions)
+                if spec.name == "dflash":
+                    switches = adaptive_switches(client.log_path, log_offset)
+                    level = dataclasses.replace(level, adaptive_switches=switches)
+                levels.append(level)
                 records.extend(level_records)
             notes.extend(_worker_notes(spec, client.log_path))
     except Exception as err:  # noqa: BLE001 - any failure of a method is recorded, not raised
@@ -204,3 +211,17 @@ def _worker_notes(spec: MethodSpec, log_path: Path) -> list[str]:
     if OUR_WORKER_LOG_LINE in log_path.read_text(errors="replace"):
         return []
     return [f"server log lacks {OUR_WORKER_LOG_LINE!r}: was our worker really running?"]
+
+
+def _log_size(path: Path) -> int:
+    return path.stat().st_size if path.is_file() else 0
+
+
+def adaptive_switches(log_path: Path, offset: int) -> list[tuple[int, int]]:
+    """[(batch bucket, new block)] logged by our worker's adaptive policy after byte ``offset``."""
+    if not log_path.is_file():
+        return []
+    with log_path.open("rb") as f:
+        f.seek(offset)
+        text = f.read().decode(errors="replace")
+    return [(int(m.group(2)), int(m.group(1))) for m in ADAPTIVE_SWITCH.finditer(text)]

@@ -71,6 +71,9 @@ class LevelStats:
     tpot_ms: Distribution | None  # None when no request produced two tokens
     latency_ms: Distribution
     spec: SpecStats | None  # None without speculation
+    # Our worker's adaptive block switches during this level, in order: [batch bucket, new block]
+    # (from its log); None for methods without the policy.
+    adaptive_switches: list[tuple[int, int]] | None = None
 
 
 def percentile(values: Sequence[float], q: float) -> float:
@@ -229,6 +232,25 @@ def method_summary(methods: Mapping[str, MethodResult]) -> dict[str, Any]:
         prefix = "" if name == "dflash" else f"{name}_"
         out[f"{prefix}tau"] = result.spec.tau if result.status == "ok" and result.spec else None
         out[f"{prefix}speedup"] = speedups(result.tokens_per_s(), base)
+    if "dflash" in methods and methods["dflash"].status == "ok":
+        out["adaptive_block"] = adaptive_blocks(methods["dflash"].levels)
     out["nospec_tokens_per_s"] = {str(c): v for c, v in sorted(base.items())}
     out["status"] = {name: result.status for name, result in methods.items()}
+    return out
+
+
+def batch_bucket(bs: int) -> int:
+    """The adaptive policy's batch-size bucket (core.adaptive.CostModel.bucket)."""
+    return 1 << max(bs - 1, 0).bit_length()
+
+
+def adaptive_blocks(levels: Sequence[LevelStats]) -> dict[str, int | None]:
+    """Concurrency -> the block our adaptive policy exploited for that concurrency's batch bucket at
+    the end of the level (switches carry over from earlier levels; None: no policy or no switch)."""
+    state: dict[int, int] = {}
+    out: dict[str, int | None] = {}
+    for lv in levels:
+        for bucket, block in lv.adaptive_switches or ():
+            state[bucket] = block
+        out[str(lv.concurrency)] = state.get(batch_bucket(min(lv.concurrency, lv.requests)))
     return out

@@ -35,6 +35,7 @@ from .streams import StreamPlan
 
 logger = logging.getLogger(__name__)
 SAMPLING_ENV = "DFLASH_SGLANG_SAMPLING"  # "rejection" (default) | "target_only"
+ADAPTIVE_LOG = "dflash-sglang: adaptive block"  # + "<block> for batch bucket <bucket>", per switch
 ADAPTIVE_ENV = "DFLASH_SGLANG_ADAPTIVE"  # "auto" (default: on where steps are host-timed) | "on" | "off"
 
 
@@ -67,7 +68,7 @@ class DFlashWorker(BaseSpecWorker):
         self.generator = torch.Generator(device=self.device).manual_seed(int(server_args.random_seed or 0))
         self.streams = StreamPlan.for_device(self.device)
         self.policy = _block_policy(self.block_size, self.device)
-        self.stats = {"injected": 0, "draft_forwards": 0}
+        self.stats = {"injected": 0, "draft_forwards": 0, "switches_logged": 0}
         logger.info("dflash-sglang: our DFlash worker runs (block %d, taps %s, sampling %s, streams %s, "
                     "adaptive block %s)", self.block_size, list(self.draft_model.cfg.target_layer_ids),
                     self.sampling_mode, self.streams.kind, "on" if self.policy else "off")
@@ -138,7 +139,7 @@ class DFlashWorker(BaseSpecWorker):
         logits, taps, logits_output = self._verify_target(batch, block, host_lens)
         res = verify(block.tokens, logits.view(bs, nb, -1), sampling, draft_probs, self.generator)
         if self.policy:
-            self.policy.record(bs, nb, res.accept_len, _elapsed(started, self.device))
+            self._record_policy(bs, nb, res.accept_len, _elapsed(started, self.device))
         new_lens = prefix + res.num_committed
         publish(new_lens)
         keep = committed_rows(res.num_committed, nb)  # [bs, B]
@@ -190,6 +191,13 @@ class DFlashWorker(BaseSpecWorker):
         spec.live_seq_lens_cpu = host_lens
         fb, _ = spec.prepare_for_verify(batch, worker)
         return fb
+
+    def _record_policy(self, bs: int, nb: int, accept_len: torch.Tensor, seconds: float) -> None:
+        self.policy.record(bs, nb, accept_len, seconds)
+        for step, bucket, block in self.policy.switches[self.stats["switches_logged"]:]:
+            self.stats["switches_logged"] += 1
+            logger.info("%s %d for batch bucket %d (decode step %d; est. tok/s by block %s)", ADAPTIVE_LOG,
+                        block, bucket, step, self.policy.summary().get(str(bucket)))
 
     def _inject(self, taps: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor) -> None:
         self.draft_model.inject_context(taps, positions, slots, self.draft_runner.token_to_kv_pool)

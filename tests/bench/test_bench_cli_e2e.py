@@ -69,4 +69,7 @@ def test_bench_cli_writes_consistent_results(bench_run: Run) -> None:
     assert summary["tau"] == pytest.approx(methods["dflash"]["spec"]["tau"], rel=1e-3)
     assert len(methods["dflash"]["spec"]["acceptance_by_position"]) == 7
     assert "ngram_speedup" in summary
+    assert set(summary["adaptive_block"]) == {"1", "2"}  # the policy's choice per concurrency
+    logged = Path(methods["dflash"]["log"]).read_text().count("dflash-sglang: adaptive block ")
+    assert logged >= sum(len(methods["dflash"]["levels"][c]["adaptive_switches"]) for c in ("1", "2"))
     assert "dflash-sglang: our DFlash worker runs" in Path(methods["dflash"]["log"]).read_text()

@@ -8,12 +8,13 @@ from pathlib import Path
 import pytest
 
 from dflash_sglang.bench.cli import int_list, method_list, resolve_drafter, round_robin
-from dflash_sglang.bench.runner import failure_reason, method_specs
+from dflash_sglang.bench.runner import adaptive_switches, failure_reason, method_specs
 from dflash_sglang.bench.stats import (
     LevelStats,
     MethodResult,
     RequestRecord,
     acceptance_by_position,
+    adaptive_blocks,
     distribution,
     level_stats,
     merge_histograms,
@@ -201,3 +202,24 @@ def test_missing_default_drafter_is_a_one_line_hint(tmp_path: Path) -> None:
         resolve_drafter(str(tmp_path / "nope"), ("nospec", "dflash"))
     assert "\n" not in str(err.value)
     assert resolve_drafter(None, ("nospec", "ngram")) is None  # no drafter needed
+
+
+def test_adaptive_switches_are_read_from_the_log_after_an_offset(tmp_path: Path) -> None:
+    log = tmp_path / "server.log"
+    old = "[x] dflash-sglang: adaptive block 16 for batch bucket 1 (decode step 9; ...)\n"
+    log.write_text(old + "[y] dflash-sglang: adaptive block 8 for batch bucket 1 (decode step 30)\n"
+                   "noise\n[z] dflash-sglang: adaptive block 1 for batch bucket 4 (decode step 41)\n")
+    assert adaptive_switches(log, 0) == [(1, 16), (1, 8), (4, 1)]
+    assert adaptive_switches(log, len(old)) == [(1, 8), (4, 1)]
+    assert adaptive_switches(tmp_path / "missing.log", 0) == []
+
+
+def test_adaptive_blocks_carry_over_levels_and_use_the_level_bucket() -> None:
+    import dataclasses
+
+    lv = [dataclasses.replace(level_stats(c, 1.0, [rec(4)] * n, 0), adaptive_switches=sw)
+          for c, n, sw in ((1, 3, [(1, 4), (1, 16)]), (4, 4, [(4, 2), (2, 1), (4, 1)]), (16, 3, []))]
+    # concurrency 16 with 3 requests: the batch never exceeds 3 -> bucket 4, chosen at level 4
+    assert adaptive_blocks(lv) == {"1": 16, "4": 1, "16": 1}
+    ours = MethodResult("dflash", "ok", [], {}, lv, None)
+    assert method_summary({"dflash": ours})["adaptive_block"] == {"1": 16, "4": 1, "16": 1}

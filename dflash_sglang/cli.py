@@ -55,13 +55,30 @@ def _train(sub: argparse._SubParsersAction) -> None:
     add_train_parser(sub)
 
 
+def _train_prompts(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("train-prompts", help="write a task-diverse training prompt JSONL from source texts")
+    p.add_argument("--source", required=True, help="JSONL of source texts (e.g. gsm8k_train.jsonl)")
+    p.add_argument("--field", default="question", help="the source rows' text field")
+    p.add_argument("--out", required=True)
+    p.add_argument("-n", type=int, default=4000, help="number of prompts")
+    p.add_argument("--seed", type=int, default=0)
+
+    def run(a: argparse.Namespace) -> int:
+        from .train.prompt_mix import write_prompt_mix
+
+        print(write_prompt_mix(a.source, a.out, a.n, a.seed, a.field))
+        return 0
+
+    p.set_defaults(func=run)
+
+
 def _bench(sub: argparse._SubParsersAction) -> None:
     from .bench.cli import add_bench_parser
 
     add_bench_parser(sub)
 
 
-SUBCOMMANDS = [_models, _generate, _random_drafter, _train, _bench]
+SUBCOMMANDS = [_models, _generate, _random_drafter, _train, _train_prompts, _bench]
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -16,7 +16,7 @@ from .core.drafter import DFlashDrafter
 from .core.engine import EngineConfig, ReferenceEngine, RequestResult, autoregressive_generate
 from .core.sampling import SamplingConfig
 from .core.target import HFTarget, load_hf_target
-from .prompts import Prompt, chat_ids, load_prompts
+from .prompts import Prompt, chat_ids, first_per_category, load_prompts
 
 
 def add_generate_parser(sub: argparse._SubParsersAction) -> None:
@@ -31,6 +31,8 @@ def add_generate_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--sampling-mode", choices=["rejection", "target_only"], default="rejection")
     p.add_argument("--max-new-tokens", type=int, default=128)
     p.add_argument("--limit", type=int, default=None)
+    p.add_argument("--per-category", type=int, default=None,
+                   help="first N prompts of every category (applied before --limit)")
     p.add_argument("--batch-size", type=int, default=1)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--threads", type=int, default=None, help="torch intra-op threads")
@@ -84,7 +86,9 @@ def run_generate(args: argparse.Namespace) -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
     s = build(args)
-    prompts = load_prompts(args.prompts, args.limit)
+    prompts = load_prompts(args.prompts, None if args.per_category else args.limit)
+    if args.per_category:
+        prompts = first_per_category(prompts, args.per_category)[: args.limit]
     ids = [chat_ids(s.tokenizer, p.text) for p in prompts]
     gen = torch.Generator().manual_seed(args.seed)
     spec: list[RequestResult] = []

@@ -53,6 +53,17 @@ def load_prompts(path: str | Path, limit: int | None = None) -> list[Prompt]:
     return out
 
 
+def first_per_category(prompts: list[Prompt], n: int) -> list[Prompt]:
+    """The first ``n`` prompts of every category, in file order."""
+    seen: dict[str, int] = {}
+    out = []
+    for p in prompts:
+        seen[p.category] = seen.get(p.category, 0) + 1
+        if seen[p.category] <= n:
+            out.append(p)
+    return out
+
+
 def chat_ids(tokenizer: Any, text: str) -> list[int]:
     """The target's chat template applied to one user turn, as token ids."""
     ids = tokenizer.apply_chat_template(

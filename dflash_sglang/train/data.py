@@ -35,6 +35,7 @@ class GenSettings:
     eos_token_ids: tuple[int, ...] = ()
     tap_layer_ids: tuple[int, ...] = ()
     store_taps: bool = True
+    dtype: str = "float32"  # the answering target's dtype (part of the cache key)
 
 
 def cache_key(target_path: str | Path, data_files: Sequence[str | Path], s: GenSettings) -> str:

@@ -63,3 +63,4 @@ def test_cache_key_depends_on_settings(tmp_path: Path) -> None:
     assert a == data.cache_key("t", [f], GenSettings(10, 4, (2,), (1, 2), True))
     assert a != data.cache_key("t", [f], GenSettings(11, 4, (2,), (1, 2), True))
     assert a != data.cache_key("u", [f], GenSettings(10, 4, (2,), (1, 2), True))
+    assert a != data.cache_key("t", [f], GenSettings(10, 4, (2,), (1, 2), True, "bfloat16"))  # answerer dtype

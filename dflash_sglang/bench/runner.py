@@ -180,16 +180,17 @@ def run_method(spec: MethodSpec, workload: Workload, setup: ServerSetup, progres
                                   startup_timeout_s=setup.startup_timeout_s) as client:
             progress.describe(f"{spec.name}: warm-up")
             _warm_up(client.base_url, workload)
+            log_offset = 0  # the first level's switches include the warm-up's
             for conc in workload.concurrency:
                 if not flush_cache(client.base_url):
                     notes.append(f"radix cache flush before concurrency {conc} failed")
                 progress.describe(f"{spec.name} c={conc}")
-                log_offset = _log_size(client.log_path)
                 wall, level_records = run_level(client.base_url, workload, conc, progress)
                 level = level_stats(conc, wall, level_records, spec.positions)
                 if spec.name == "dflash":
                     switches = adaptive_switches(client.log_path, log_offset)
                     level = dataclasses.replace(level, adaptive_switches=switches)
+                log_offset = _log_size(client.log_path)
                 levels.append(level)
                 records.extend(level_records)
             notes.extend(_worker_notes(spec, client.log_path))

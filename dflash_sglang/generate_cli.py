@@ -30,6 +30,8 @@ def add_generate_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--top-p", type=float, default=1.0)
     p.add_argument("--sampling-mode", choices=["rejection", "target_only"], default="rejection")
     p.add_argument("--max-new-tokens", type=int, default=128)
+    p.add_argument("--draft-head-dtype", choices=["auto", "target", "bfloat16"], default="auto",
+                   help="LM-head dtype while drafting (auto: bf16 on CPU, 2-4x cheaper; always lossless)")
     p.add_argument("--limit", type=int, default=None)
     p.add_argument("--per-category", type=int, default=None,
                    help="first N prompts of every category (applied before --limit)")
@@ -61,7 +63,10 @@ def build(args: argparse.Namespace) -> Setup:
         print(f"warning: --block-size {block} exceeds the drafter's trained block_size "
               f"{drafter.cfg.block_size}; acceptance will suffer", file=sys.stderr)
     eos = _eos_ids(model, tok)
-    cfg = EngineConfig(block, args.max_new_tokens, eos, args.sampling_mode)
+    on_cpu = target.device.type == "cpu"
+    bf16_head = args.draft_head_dtype == "bfloat16" or (args.draft_head_dtype == "auto" and on_cpu)
+    head_dtype = torch.bfloat16 if bf16_head else None
+    cfg = EngineConfig(block, args.max_new_tokens, eos, args.sampling_mode, head_dtype)
     return Setup(ReferenceEngine(target, drafter, cfg), target, tok, eos)
 
 

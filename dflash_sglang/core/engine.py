@@ -32,6 +32,9 @@ class EngineConfig:
     max_new_tokens: int
     eos_token_ids: tuple[int, ...] = ()
     sampling_mode: str = "rejection"  # "rejection" (draft probs) | "target_only" (argmax drafts)
+    # dtype of the LM head when drafting (None: the target's). Any precision is lossless: greedy
+    # verification never trusts a draft, and sampled drafts are verified against the q they came from.
+    draft_head_dtype: torch.dtype | None = None
 
     def __post_init__(self) -> None:
         if self.block_size < 1:
@@ -66,6 +69,8 @@ class ReferenceEngine:
         self.target, self.drafter, self.cfg = target, drafter, cfg
         self.mask_id = int(drafter.cfg.mask_token_id)  # validated above
         self.injected = 0  # context positions projected into draft KV, over all generate() calls
+        head = target.lm_head_weight  # [V, H]
+        self.draft_head = head.to(cfg.draft_head_dtype) if cfg.draft_head_dtype else head
 
     @torch.no_grad()
     def generate(
@@ -98,7 +103,8 @@ class ReferenceEngine:
         assert b.draft is not None
         embeds = self.target.embed(block)
         hidden = self.drafter.forward_block(embeds, _block_positions(b, nb), b.draft.view())
-        logits = self.drafter.logits(hidden[:, 1:], self.target.lm_head_weight).float()  # [bs, B-1, V]
+        hidden = hidden[:, 1:].to(self.draft_head.dtype)
+        logits = self.drafter.logits(hidden, self.draft_head).float()  # [bs, B-1, V]
         if self.cfg.sampling_mode == "target_only":
             block[:, 1:] = logits.argmax(-1)
             return block, None

@@ -53,7 +53,8 @@ class AcceptanceTracker:
 
 @dataclass
 class CostModel:
-    """Decayed mean step time per (batch-size bucket, block)."""
+    """Mean step time per (batch-size bucket, block): the plain mean of the first samples, then
+    decayed (weight ``decay`` on the past), so one cold first step cannot dominate a rung's cost."""
 
     decay: float = 0.9
     seconds: dict[tuple[int, int], float] = field(default_factory=dict)
@@ -65,9 +66,10 @@ class CostModel:
 
     def update(self, bs: int, block: int, seconds: float) -> None:
         key = (self.bucket(bs), block)
-        old = self.seconds.get(key)
-        self.seconds[key] = seconds if old is None else self.decay * old + (1 - self.decay) * seconds
-        self.samples[key] = self.samples.get(key, 0) + 1
+        n = self.samples.get(key, 0) + 1
+        keep = min(self.decay, (n - 1) / n)  # 0, 1/2, 2/3, ... (running mean) up to decay
+        self.seconds[key] = keep * self.seconds.get(key, 0.0) + (1 - keep) * seconds
+        self.samples[key] = n
 
     def get(self, bs: int, block: int) -> float | None:
         return self.seconds.get((self.bucket(bs), block))
@@ -86,6 +88,7 @@ class BlockPolicy:
     max_block: int
     warmup: int = 2  # measured steps per (bucket, rung) before its cost counts
     explore_every: int = 64  # then one step on a neighbour of the best rung per this many steps
+    margin: float = 0.03  # switch the exploited rung only for a gain above this fraction
     acceptance: AcceptanceTracker = field(init=False)
     cost: CostModel = field(default_factory=CostModel)
     steps: int = 0
@@ -112,6 +115,9 @@ class BlockPolicy:
             return climb
         rungs = self._measured(bucket)
         best = max(rungs, key=lambda b: self.throughput(bs, b))
+        current = self.chosen.get(bucket)
+        if current in rungs and self.throughput(bs, best) < (1 + self.margin) * self.throughput(bs, current):
+            best = current  # a near tie is not worth a switch
         if self.chosen.get(bucket) != best:
             self.chosen[bucket] = best
             self.switches.append((self.steps, bucket, best))

@@ -21,6 +21,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from ..core.adaptive import CostModel
+
 
 @dataclass(frozen=True)
 class RequestRecord:
@@ -239,11 +241,6 @@ def method_summary(methods: Mapping[str, MethodResult]) -> dict[str, Any]:
     return out
 
 
-def batch_bucket(bs: int) -> int:
-    """The adaptive policy's batch-size bucket (core.adaptive.CostModel.bucket)."""
-    return 1 << max(bs - 1, 0).bit_length()
-
-
 def adaptive_blocks(levels: Sequence[LevelStats]) -> dict[str, int | None]:
     """Concurrency -> the block our adaptive policy exploited for that concurrency's batch bucket at
     the end of the level (switches carry over from earlier levels; None: no policy or no switch)."""
@@ -252,5 +249,5 @@ def adaptive_blocks(levels: Sequence[LevelStats]) -> dict[str, int | None]:
     for lv in levels:
         for bucket, block in lv.adaptive_switches or ():
             state[bucket] = block
-        out[str(lv.concurrency)] = state.get(batch_bucket(min(lv.concurrency, lv.requests)))
+        out[str(lv.concurrency)] = state.get(CostModel.bucket(min(lv.concurrency, lv.requests)))
     return out

@@ -118,7 +118,7 @@ class BlockPolicy:
         current = self.chosen.get(bucket)
         if current in rungs and self.throughput(bs, best) < (1 + self.margin) * self.throughput(bs, current):
             best = current  # a near tie is not worth a switch
-        if self.chosen.get(bucket) != best:
+        if current != best:
             self.chosen[bucket] = best
             self.switches.append((self.steps, bucket, best))
         if self.steps % self.explore_every == 0:

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import json
 from collections import Counter
-from pathlib import Path
 
 import pytest
 
+from dflash_sglang.prompts import shared_data_dir
 from dflash_sglang.train.prompt_mix import TEMPLATES, first_sentence, mixed_prompts, write_prompt_mix
 
-DATA = Path(__file__).resolve().parents[2].parent / "shared" / "data"
+DATA = shared_data_dir()
 TEXTS = [f"Ann has {i} apples. She buys {i + 1} more? How many now?" for i in range(50)]
 
 

@@ -114,16 +114,24 @@ def batch_mask(batch: PaddedBatch, *, causal: bool, window: int) -> torch.Tensor
 def masked_attention(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor, scale: float, logit_cap: float
 ) -> torch.Tensor:
-    """q [B, H, Q, D], k [B, Hk, L, D], v [B, Hk, L, Dv], mask [B, 1, Q, L] -> [B, H, Q, Dv]."""
-    if k.shape[1] != q.shape[1]:
-        rep = q.shape[1] // k.shape[1]
-        k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
+    """q [B, H, Q, D], k [B, Hk, L, D], v [B, Hk, L, Dv], mask [B, 1, Q, L] -> [B, H, Q, Dv].
+
+    Grouped heads (H = rep x Hk, query head h reads KV head h // rep) fold the group into the query
+    axis, [B, Hk, rep x Q, D], instead of copying K/V rep times: no per-layer [B, H, L, D] copies.
+    """
+    bsz, heads, q_len, _ = q.shape
+    rep = heads // k.shape[1]
+    if rep != 1:
+        q = q.reshape(bsz, k.shape[1], rep * q_len, q.shape[-1])
+        mask = mask.repeat(1, 1, rep, 1)  # [B, 1, rep x Q, L], row r x Q + i = query i
     if logit_cap <= 0:
-        return scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)
-    scores = torch.matmul(q.float(), k.float().transpose(-1, -2)) * scale
-    scores = logit_cap * torch.tanh(scores / logit_cap)
-    scores = scores.masked_fill(~mask, float("-inf"))
-    return torch.matmul(torch.softmax(scores, dim=-1), v.float()).to(q.dtype)
+        out = scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)
+    else:
+        scores = torch.matmul(q.float(), k.float().transpose(-1, -2)) * scale
+        scores = logit_cap * torch.tanh(scores / logit_cap)
+        scores = scores.masked_fill(~mask, float("-inf"))
+        out = torch.matmul(torch.softmax(scores, dim=-1), v.float()).to(q.dtype)
+    return out.reshape(bsz, heads, q_len, v.shape[-1])
 
 
 class DFlashTorchAttnBackend(AttentionBackend):

@@ -35,12 +35,15 @@ def register_attention_backend() -> None:
 
 
 def install() -> None:
-    """Register choices, backend and patches once per process."""
+    """Register choices, backend and patches, and tune the allocator, once per process."""
     global _installed
     if _installed:
         return
     register_choices()
     register_attention_backend()
+    from dflash_sglang.platform.allocator import tune_allocator
+
+    tune_allocator()
     from dflash_patches import apply_all
 
     apply_all()

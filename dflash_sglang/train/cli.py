@@ -9,6 +9,7 @@ from pathlib import Path
 
 import torch
 
+from ..core.config import DFlashConfig, DFlashConfigError, TargetSpec
 from .loop import TrainConfig, init_distributed, init_from_target, rank_device, train
 
 
@@ -30,8 +31,12 @@ def add_train_parser(sub: argparse._SubParsersAction) -> None:
                    help="dtype of the target while it answers (bf16: 2-4x faster on CPU, answers may "
                         "differ from the fp32 target's in rare near-ties)")
     m = p.add_argument_group("drafter")
-    m.add_argument("--block-size", type=int, default=16)
-    m.add_argument("--layers", type=int, default=1)
+    m.add_argument("--init-from", default=None,
+                   help="warm start: a DFlash checkpoint folder for this target; its config.json defines "
+                        "the drafter (drafter flags given with it must agree). A train_state.pt in "
+                        "--state-dir still wins (resume)")
+    m.add_argument("--block-size", type=int, default=None, help="default 16")
+    m.add_argument("--layers", type=int, default=None, help="default 1")
     m.add_argument("--taps", type=int, default=None,
                    help="number of tap layers (default: drafter_config_for)")
     m.add_argument("--intermediate-size", type=int, default=None)
@@ -53,6 +58,7 @@ def add_train_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def run_train(a: argparse.Namespace) -> int:
+    from ..core.drafter import DFlashDrafter
     from ..core.random_drafter import drafter_config_for, random_drafter
     from ..core.target import HFTarget, load_hf_target
     from ..generate_cli import _eos_ids
@@ -67,7 +73,11 @@ def run_train(a: argparse.Namespace) -> int:
     mask = a.mask_token_id
     if mask is None:
         mask = int(tok.unk_token_id if tok.unk_token_id is not None else tok.eos_token_id)
-    dcfg = drafter_config_for(model.config, a.layers, a.block_size, mask, a.taps, a.intermediate_size)
+    if a.init_from:
+        dcfg = warm_start_config(a, TargetSpec.from_hf_config(model.config))
+    else:
+        dcfg = drafter_config_for(model.config, a.layers or 1, a.block_size or 16, mask, a.taps,
+                                  a.intermediate_size)
     target = HFTarget(model, dcfg.target_layer_ids)
     eos = _eos_ids(model, tok)
     prompts = prompt_ids_from_files(a.data, lambda t: chat_ids(tok, t), a.num_prompts + a.eval_prompts)
@@ -92,13 +102,33 @@ def run_train(a: argparse.Namespace) -> int:
                       save_every=a.save_every, save_dtype=a.save_dtype, head_dtype=a.head_dtype,
                       resume=not a.no_resume)
     t0 = time.perf_counter()
-    drafter = init_from_target(random_drafter(dcfg, a.seed), model)
+    if a.init_from:
+        drafter = DFlashDrafter.from_pretrained(a.init_from)
+        _log(d.main, f"warm start from {a.init_from}")
+    else:
+        drafter = init_from_target(random_drafter(dcfg, a.seed), model)
     res = train(cfg, drafter, target, samples, eval_p, eos)
     _log(d.main, f"trained {res.step} steps in {time.perf_counter() - t0:.0f}s -> {a.out}"
                  + (f"; held-out tau {res.taus[-1]['tau']:.3f}" if res.taus else ""))
     if d.world > 1:
         torch.distributed.destroy_process_group()
     return 0
+
+
+def warm_start_config(a: argparse.Namespace, target: TargetSpec) -> DFlashConfig:
+    """The ``--init-from`` checkpoint's config, checked against the target and any drafter flags given."""
+    cfg = DFlashConfig.from_pretrained(a.init_from)
+    cfg.validate_against(target)
+    given = {"--block-size": (a.block_size, cfg.block_size),
+             "--layers": (a.layers, cfg.num_hidden_layers),
+             "--taps": (a.taps, cfg.num_taps),
+             "--intermediate-size": (a.intermediate_size, cfg.intermediate_size),
+             "--mask-token-id": (a.mask_token_id, cfg.mask_token_id)}
+    for flag, (want, have) in given.items():
+        if want is not None and want != have:
+            raise DFlashConfigError(f"{flag} {want} disagrees with --init-from {a.init_from} ({have}); "
+                                    f"drop {flag} or pick a matching checkpoint")
+    return cfg
 
 
 def _log(main: bool, msg: str) -> None:

@@ -15,7 +15,8 @@ from dflash_sglang.core.drafter import DFlashDrafter
 
 def test_parser_has_train() -> None:
     a = build_parser().parse_args(["train", "--target", "t", "--data", "a.jsonl", "b.jsonl", "--out", "o"])
-    assert a.data == ["a.jsonl", "b.jsonl"] and a.block_size == 16 and a.features == "cache"
+    assert a.data == ["a.jsonl", "b.jsonl"] and a.features == "cache"
+    assert a.block_size is None and a.layers is None and a.init_from is None  # defaults resolved in run_train
 
 
 @pytest.fixture(scope="module")
@@ -54,3 +55,37 @@ def test_train_command_end_to_end(tiny_chat_target: Path, tmp_path: Path, featur
     log = [json.loads(x) for x in (tmp_path / "state" / "train_log.jsonl").read_text().splitlines()]
     assert [r["step"] for r in log] == [1, 2, 3]
     assert json.loads((tmp_path / "state" / "eval_tau.json").read_text())[-1]["step"] == 3
+
+
+def _train_args(target: Path, tmp_path: Path, out: Path, *extra: str) -> list[str]:
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text("".join(json.dumps({"question": f"What is {i} plus {i}?"}) + "\n" for i in range(7)))
+    return ["train", "--target", str(target), "--data", str(prompts), "--out", str(out),
+            "--num-prompts", "5", "--eval-prompts", "1", "--max-answer-tokens", "8", "--gen-batch-size", "4",
+            "--batch-size", "2", "--blocks-per-seq", "2", "--eval-max-new-tokens", "6",
+            "--cache-dir", str(tmp_path / "cache"), "--threads", "1", *extra]
+
+
+def test_init_from_warm_starts_with_the_checkpoint_weights(tiny_chat_target: Path, tmp_path: Path) -> None:
+    first = tmp_path / "first"
+    assert main(_train_args(tiny_chat_target, tmp_path, first, "--block-size", "4", "--layers", "2",
+                            "--steps", "2", "--state-dir", str(tmp_path / "s1"))) == 0
+    # lr 0: one step must leave exactly the loaded weights; a fresh random init (seed 1) would not.
+    second = tmp_path / "second"
+    assert main(_train_args(tiny_chat_target, tmp_path, second, "--init-from", str(first), "--seed", "1",
+                            "--lr", "0", "--steps", "1", "--state-dir", str(tmp_path / "s2"))) == 0
+    a, b = DFlashDrafter.from_pretrained(first), DFlashDrafter.from_pretrained(second)
+    assert b.cfg == a.cfg and b.cfg.block_size == 4 and b.cfg.num_hidden_layers == 2
+    for (name, x), (_, y) in zip(a.state_dict().items(), b.state_dict().items(), strict=True):
+        assert torch.equal(x, y), name
+
+
+def test_init_from_rejects_disagreeing_drafter_flags(tiny_chat_target: Path, tmp_path: Path) -> None:
+    from dflash_sglang.core.config import DFlashConfigError
+
+    first = tmp_path / "first"
+    assert main(_train_args(tiny_chat_target, tmp_path, first, "--block-size", "4", "--steps", "1",
+                            "--state-dir", str(tmp_path / "s1"))) == 0
+    with pytest.raises(DFlashConfigError, match="--block-size 8 disagrees with --init-from"):
+        main(_train_args(tiny_chat_target, tmp_path, tmp_path / "x", "--init-from", str(first),
+                         "--block-size", "8", "--steps", "1"))

@@ -90,6 +90,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from .platform.allocator import tune_allocator
+
+    tune_allocator()  # train/generate churn tens of MiB per step on CPU: see platform/allocator.py
     args = build_parser().parse_args(argv)
     return int(args.func(args) or 0)
 

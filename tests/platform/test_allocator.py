@@ -68,3 +68,15 @@ def test_allocator_env_rejects_unknown_values(monkeypatch: pytest.MonkeyPatch) -
     monkeypatch.setenv(allocator.MALLOC_ENV, "jemalloc")
     with pytest.raises(ValueError, match="use 'tuned' or 'default'"):
         allocator.tune_allocator()
+
+
+@glibc_only
+def test_console_script_tunes_the_allocator() -> None:
+    """``dflash-sglang train``/``generate`` run CPU tensor loops too: the CLI entry tunes malloc first."""
+    code = ("from dflash_sglang import cli\nfrom dflash_sglang.platform import allocator\n"
+            "try:\n    cli.main(['--help'])\nexcept SystemExit:\n    pass\n"
+            "print('APPLIED', allocator._result.applied if allocator._result else None)")
+    env = {k: v for k, v in os.environ.items() if k != "DFLASH_SGLANG_MALLOC"}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120,
+                         check=True)
+    assert out.stdout.strip().splitlines()[-1] == "APPLIED True"

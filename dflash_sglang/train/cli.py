@@ -58,7 +58,7 @@ def add_train_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def run_train(a: argparse.Namespace) -> int:
-    from ..core.drafter import DFlashDrafter
+    from ..core.drafter import DFlashDrafter, load_safetensors_dir
     from ..core.random_drafter import drafter_config_for, random_drafter
     from ..core.target import HFTarget, load_hf_target
     from ..generate_cli import _eos_ids
@@ -102,8 +102,9 @@ def run_train(a: argparse.Namespace) -> int:
                       save_every=a.save_every, save_dtype=a.save_dtype, head_dtype=a.head_dtype,
                       resume=not a.no_resume)
     t0 = time.perf_counter()
-    if a.init_from:
-        drafter = DFlashDrafter.from_pretrained(a.init_from)
+    if a.init_from:  # built from the config warm_start_config validated, not a second read of it
+        drafter = DFlashDrafter(dcfg)
+        drafter.load_published_state(load_safetensors_dir(Path(a.init_from)))
         _log(d.main, f"warm start from {a.init_from}")
     else:
         drafter = init_from_target(random_drafter(dcfg, a.seed), model)

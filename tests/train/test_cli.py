@@ -38,25 +38,6 @@ def tiny_chat_target(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return out
 
 
-@pytest.mark.parametrize("features", ["cache", "online"])
-def test_train_command_end_to_end(tiny_chat_target: Path, tmp_path: Path, features: str) -> None:
-    prompts = tmp_path / "p.jsonl"
-    prompts.write_text("".join(json.dumps({"question": f"What is {i} plus {i}?"}) + "\n" for i in range(7)))
-    out = tmp_path / "drafter"
-    args = ["train", "--target", str(tiny_chat_target), "--data", str(prompts), "--out", str(out),
-            "--num-prompts", "5", "--eval-prompts", "1", "--max-answer-tokens", "8", "--gen-batch-size", "4",
-            "--block-size", "4", "--taps", "2", "--steps", "3", "--batch-size", "2", "--blocks-per-seq", "2",
-            "--eval-max-new-tokens", "6", "--cache-dir", str(tmp_path / "cache"), "--features", features,
-            "--state-dir", str(tmp_path / "state"), "--threads", "1"]
-    assert main(args) == 0
-    d = DFlashDrafter.from_pretrained(out)
-    assert d.cfg.block_size == 4 and len(d.cfg.target_layer_ids) == 2 and d.cfg.mask_token_id == 0
-    assert sorted(p.name for p in out.iterdir()) == ["config.json", "model.safetensors"]
-    log = [json.loads(x) for x in (tmp_path / "state" / "train_log.jsonl").read_text().splitlines()]
-    assert [r["step"] for r in log] == [1, 2, 3]
-    assert json.loads((tmp_path / "state" / "eval_tau.json").read_text())[-1]["step"] == 3
-
-
 def _train_args(target: Path, tmp_path: Path, out: Path, *extra: str) -> list[str]:
     prompts = tmp_path / "p.jsonl"
     prompts.write_text("".join(json.dumps({"question": f"What is {i} plus {i}?"}) + "\n" for i in range(7)))
@@ -64,6 +45,20 @@ def _train_args(target: Path, tmp_path: Path, out: Path, *extra: str) -> list[st
             "--num-prompts", "5", "--eval-prompts", "1", "--max-answer-tokens", "8", "--gen-batch-size", "4",
             "--batch-size", "2", "--blocks-per-seq", "2", "--eval-max-new-tokens", "6",
             "--cache-dir", str(tmp_path / "cache"), "--threads", "1", *extra]
+
+
+@pytest.mark.parametrize("features", ["cache", "online"])
+def test_train_command_end_to_end(tiny_chat_target: Path, tmp_path: Path, features: str) -> None:
+    out = tmp_path / "drafter"
+    args = _train_args(tiny_chat_target, tmp_path, out, "--block-size", "4", "--taps", "2", "--steps", "3",
+                       "--features", features, "--state-dir", str(tmp_path / "state"))
+    assert main(args) == 0
+    d = DFlashDrafter.from_pretrained(out)
+    assert d.cfg.block_size == 4 and len(d.cfg.target_layer_ids) == 2 and d.cfg.mask_token_id == 0
+    assert sorted(p.name for p in out.iterdir()) == ["config.json", "model.safetensors"]
+    log = [json.loads(x) for x in (tmp_path / "state" / "train_log.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in log] == [1, 2, 3]
+    assert json.loads((tmp_path / "state" / "eval_tau.json").read_text())[-1]["step"] == 3
 
 
 def test_init_from_warm_starts_with_the_checkpoint_weights(tiny_chat_target: Path, tmp_path: Path) -> None:

@@ -184,7 +184,8 @@ def _retire(b: _Batch, results: list[RequestResult], cfg: EngineConfig) -> _Batc
             b.draft.select(rows)
         b.req, b.last, b.n, b.kv_valid = b.req[rows], b.last[rows], b.n[rows], b.kv_valid[rows]
         s = b.sampling
-        b.sampling = SamplingConfig(s.temperature[rows], s.top_k[rows], s.top_p[rows])
+        b.sampling = SamplingConfig(s.temperature[rows], s.top_k[rows], s.top_p[rows],
+                                    None if s.min_p is None else s.min_p[rows])
     return b
 
 

@@ -3,8 +3,10 @@
 Conventions:
   * ``temperature == 0`` marks a greedy request; its probabilities are a one-hot on the argmax of the
     raw logits (ties resolve to the lowest token id, like ``torch.argmax``).
-  * ``top_k <= 0`` or ``top_k >= V`` disables top-k; ``top_p >= 1`` disables top-p.
-  * Filtering order is: temperature, then top-k, then top-p on the top-k-renormalised distribution.
+  * ``top_k <= 0`` or ``top_k >= V`` disables top-k; ``top_p >= 1`` disables top-p; ``min_p <= 0``
+    disables min-p.
+  * Filtering order is: temperature, then top-k, then top-p on the top-k-renormalised distribution,
+    then min-p (drop tokens whose probability is below ``min_p`` times the most likely token's).
 """
 
 from __future__ import annotations
@@ -21,11 +23,14 @@ class SamplingConfig:
     temperature: torch.Tensor  # [bs] float32, 0 -> greedy
     top_k: torch.Tensor  # [bs] int64, 0 or >= V -> off
     top_p: torch.Tensor  # [bs] float32, 1.0 -> off
+    min_p: torch.Tensor | None = None  # [bs] float32, 0.0 -> off; None: off for every row
 
     def __post_init__(self) -> None:
         bs = self.temperature.shape
         if self.temperature.dim() != 1 or self.top_k.shape != bs or self.top_p.shape != bs:
             raise ValueError("temperature, top_k and top_p must all have shape [bs]")
+        if self.min_p is not None and self.min_p.shape != bs:
+            raise ValueError("min_p must have shape [bs]")
 
     @classmethod
     def uniform(
@@ -57,6 +62,8 @@ def _filter_active(cfg: SamplingConfig, vocab: int) -> bool:
     """Host-side check (one small sync) so the expensive sort is skipped when no row filters."""
     k_on = (cfg.top_k > 0) & (cfg.top_k < vocab)
     p_on = cfg.top_p < 1.0
+    if cfg.min_p is not None:
+        p_on = p_on | (cfg.min_p > 0)
     return bool((k_on | p_on).any())
 
 
@@ -74,7 +81,13 @@ def _top_k_top_p_mask_sorted(sorted_logits: torch.Tensor, cfg: SamplingConfig) -
     top_p = cfg.top_p.view(-1, 1, 1)
     keep_p = (mass_before < top_p) | (top_p >= 1.0)
     keep_p[..., 0] = True  # the most likely token always survives
-    return keep & keep_p
+    keep = keep & keep_p
+    if cfg.min_p is not None:
+        # min-p compares each token's probability with the most likely token's, before any
+        # renormalisation (a ratio that top-k/top-p renormalisation leaves unchanged).
+        full = torch.softmax(sorted_logits, dim=-1)  # [bs, n, V]
+        keep = keep & (full >= full[..., :1] * cfg.min_p.view(-1, 1, 1))
+    return keep
 
 
 def _filtered_softmax(scaled: torch.Tensor, cfg: SamplingConfig) -> torch.Tensor:

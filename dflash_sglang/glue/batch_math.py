@@ -45,7 +45,9 @@ def sampling_from_sglang(info, bs: int, device: torch.device) -> SamplingConfig:
     temperature = info.temperatures.to(device=device, dtype=torch.float32).view(-1)
     temperature = torch.where(top_k <= 1, torch.zeros_like(temperature), temperature)
     top_k = torch.where(top_k >= (1 << 30), torch.zeros_like(top_k), top_k)
-    return SamplingConfig(temperature, top_k, info.top_ps.to(device=device, dtype=torch.float32).view(-1))
+    min_p = info.min_ps.to(device=device, dtype=torch.float32).view(-1) if info.need_min_p_sampling else None
+    top_p = info.top_ps.to(device=device, dtype=torch.float32).view(-1)
+    return SamplingConfig(temperature, top_k, top_p, min_p)
 
 
 def committed_rows(num_committed: torch.Tensor, nb: int) -> torch.Tensor:

@@ -241,3 +241,14 @@ def test_same_seed_same_samples() -> None:
     probs = p0.expand(1000, -1)
     s1 = sample_from_probs(probs, torch.Generator().manual_seed(1))
     assert torch.equal(s1, sample_from_probs(probs, torch.Generator().manual_seed(1)))
+
+
+def test_min_p_drops_tokens_below_a_fraction_of_the_top_probability() -> None:
+    # probabilities 0.5, 0.25, 0.125, 0.0625, 0.0625: min_p 0.2 keeps p >= 0.1, min_p 0.5 keeps p >= 0.25
+    logits = torch.tensor([[0.5, 0.25, 0.125, 0.0625, 0.0625]]).log().expand(4, -1)
+    cfg = SamplingConfig(temperature=torch.ones(4), top_k=torch.tensor([0, 0, 0, 2]),
+                         top_p=torch.ones(4), min_p=torch.tensor([0.0, 0.2, 0.5, 0.2]))
+    probs = probs_from_logits(logits, cfg)
+    assert ((probs > 0).sum(-1)).tolist() == [5, 3, 2, 2]
+    torch.testing.assert_close(probs[1, :3], torch.tensor([4 / 7, 2 / 7, 1 / 7]))
+    torch.testing.assert_close(probs.sum(-1), torch.ones(4))

@@ -19,6 +19,7 @@ import time
 from typing import Any
 
 import torch
+from sglang.srt.layers.logprob_processor import compute_spec_logprobs
 from sglang.srt.managers.utils import GenerationBatchResult
 from sglang.srt.model_executor.forward_batch_info import CaptureHiddenMode
 from sglang.srt.speculative.base_spec_worker import BaseSpecWorker
@@ -30,6 +31,7 @@ from ..core.config import DFlashConfigError, TargetSpec
 from ..core.sampling import probs_from_logits, sample_from_probs
 from ..core.verify import verify
 from .batch_math import Block, committed_rows, extend_positions, make_block, sampling_from_sglang
+from .logit_adjust import adjust_block_logits, needs_adjustment
 from .sglang_drafter import DFlashDraftModel
 from .streams import StreamPlan
 
@@ -54,7 +56,7 @@ class DFlashWorker(BaseSpecWorker):
         self._draft_worker = bundle.draft_worker
         self.draft_runner = bundle.draft_model_runner
         self.draft_model: DFlashDraftModel = bundle.draft_model
-        self.block_size = int(server_args.speculative_num_draft_tokens)
+        self.block_size = _resolved_block_size(self.draft_model)
         self.speculative_num_draft_tokens = self.block_size
         self.speculative_num_steps = 1
         target = self.model_runner.model
@@ -138,6 +140,8 @@ class DFlashWorker(BaseSpecWorker):
             draft_probs = self._draft(batch, block, sampling, host_lens)
         self.streams.join()
         logits, taps, logits_output = self._verify_target(batch, block, host_lens)
+        if needs_adjustment(batch):  # penalties, logit_bias, custom processors
+            logits = adjust_block_logits(batch, block.tokens, logits.view(bs, nb, -1)).view(bs * nb, -1)
         res = verify(block.tokens, logits.view(bs, nb, -1), sampling, draft_probs, self.generator)
         if self.policy:
             self._record_policy(bs, nb, res.accept_len, _elapsed(started, self.device))
@@ -147,6 +151,9 @@ class DFlashWorker(BaseSpecWorker):
         self._inject(taps.view(bs * nb, -1)[keep.view(-1)], block.positions[keep], block.slots[keep])
         logits_output.hidden_states = None
         next_ids = torch.where(res.committed < 0, torch.zeros_like(res.committed), res.committed)
+        if batch.return_logprob:  # the target's (adjusted) log-probabilities of the committed tokens
+            logits_output.next_token_logits = logits
+            compute_spec_logprobs(batch, logits_output, next_ids.view(-1), chain_stride=nb)
         return GenerationBatchResult(
             logits_output=logits_output, next_token_ids=next_ids.view(-1),
             accept_lens=res.num_committed.int(), can_run_cuda_graph=False,
@@ -227,6 +234,15 @@ def _block_policy(block_size: int, device: Any) -> BlockPolicy | None:
         raise DFlashConfigError(f"{ADAPTIVE_ENV}={mode!r}: use 'auto', 'on' or 'off'")
     on = mode == "on" or (mode == "auto" and torch.device(device).type == "cpu")
     return BlockPolicy(block_size) if on and block_size > 1 else None
+
+
+def _resolved_block_size(draft: Any) -> int:
+    """--speculative-num-draft-tokens as SGLang resolved it (it defaults to the drafter's
+    block_size), else the drafter's own block_size."""
+    from sglang.srt.runtime_context import get_spec
+
+    resolved = get_spec().speculative_num_draft_tokens
+    return int(resolved) if resolved is not None else int(draft.cfg.block_size)
 
 
 def _elapsed(started: float, device: Any) -> float:

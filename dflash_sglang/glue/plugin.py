@@ -4,6 +4,8 @@
   ``SpeculativeAlgorithm.create_worker`` (the name DFLASH itself stays SGLang's, so every
   DFLASH-aware branch of the scheduler, KV sizing and tap capture keeps working).
   ``DFLASH_SGLANG_WORKER=builtin`` falls back to SGLang's built-in DFLASH worker.
+* Prompts that would crash SGLang's scheduler (empty, token ids outside the vocabulary) get HTTP
+  400 with or without speculation (``input_guard``).
 * Our drafter class is registered as ``DFlashDraftModel`` in SGLang's model registry, so published
   DFlash checkpoints load into it.
 """
@@ -42,8 +44,10 @@ def register() -> None:
     from sglang.srt.plugins.hook_registry import HookRegistry, HookType
 
     from ..patches_guard import check_sglang_version
+    from .input_guard import VALIDATE_ONE, validate_prompt_hook
 
     check_sglang_version()
+    HookRegistry.register(VALIDATE_ONE, validate_prompt_hook, HookType.BEFORE)
     if use_builtin():
         logger.info("dflash-sglang: %s=builtin, SGLang's built-in DFLASH worker runs", WORKER_ENV)
         return

@@ -109,10 +109,15 @@ def test_sampling_from_sglang_marks_greedy_rows() -> None:
         temperatures = torch.tensor([[1.0], [0.7]])
         top_ks = torch.tensor([1, 1 << 30], dtype=torch.int32)
         top_ps = torch.tensor([1.0, 0.9])
+        min_ps = torch.tensor([0.0, 0.1])
+        need_min_p_sampling = False
 
     cfg = sampling_from_sglang(Info(), 2, torch.device("cpu"))
     assert cfg.temperature.tolist() == [0.0, pytest.approx(0.7)]
     assert cfg.top_k.tolist() == [1, 0] and cfg.top_p.tolist() == [1.0, pytest.approx(0.9)]
+    assert cfg.min_p is None
+    Info.need_min_p_sampling = True
+    assert sampling_from_sglang(Info(), 2, torch.device("cpu")).min_p.tolist() == [0.0, pytest.approx(0.1)]
 
 
 def test_launch_time_pair_check(tmp_path) -> None:
@@ -177,3 +182,64 @@ def test_constrained_requests_refused() -> None:
     assert plugin.refuse_constrained_request_hook("earlier error", req, False) == "earlier error"
     req.sampling_params.regex = "[0-9]+"
     assert "not supported with DFLASH" in plugin.refuse_constrained_request_hook(None, req, False)
+
+
+def test_missing_draft_folder_is_one_line(tmp_path, monkeypatch) -> None:
+    from dflash_sglang.core.config import DFlashConfigError
+    from dflash_sglang.glue.pair_check import check_local_pair
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "drafters").mkdir()
+    (tmp_path / "a-file").write_text("x")
+    for missing in ("drafters/nope", str(tmp_path / "nope"), "./nope", "a/b/c", "a-file", "nope"):
+        with pytest.raises(DFlashConfigError, match="no such folder"):
+            check_local_pair(str(tmp_path), missing)
+    check_local_pair(str(tmp_path), "org/hub-id")  # may be a hub id: left to SGLang
+
+
+def test_prompt_guard_seam_and_rules() -> None:
+    import pkgutil
+
+    from dflash_sglang.glue.input_guard import VALIDATE_ONE, prompt_error, validate_prompt_hook
+
+    owner, attr = VALIDATE_ONE.rsplit(".", 1)
+    fn = getattr(pkgutil.resolve_name(owner), attr)
+    assert list(inspect.signature(fn).parameters) == ["self", "obj", "input_ids"]
+    assert prompt_error([1, 2, 3], 10) is None and prompt_error(None, 10) is None
+    assert "empty" in prompt_error([], 10)
+    assert "outside the vocabulary" in prompt_error([1, 10], 10)
+    assert "outside the vocabulary" in prompt_error([-1], 10)
+
+    class Manager:
+        class model_config:  # noqa: N801
+            vocab_size = 10
+
+    class Obj:
+        input_embeds = None
+
+    validate_prompt_hook(Manager(), Obj(), [1])
+    with pytest.raises(ValueError, match="empty"):
+        validate_prompt_hook(Manager(), Obj(), [])
+
+
+def test_seams_for_logprobs_and_logit_adjustments() -> None:
+    from sglang.srt.layers.logprob_processor import compute_spec_logprobs
+    from sglang.srt.layers.sampler import apply_custom_logit_processor
+    from sglang.srt.runtime_context import get_spec
+    from sglang.srt.sampling import penaltylib
+    from sglang.srt.sampling.sampling_batch_info import SamplingBatchInfo
+
+    params = inspect.signature(compute_spec_logprobs).parameters
+    assert list(params)[:3] == ["batch", "logits_output", "predict"] and "chain_stride" in params
+    assert list(inspect.signature(apply_custom_logit_processor).parameters) == [
+        "logits", "sampling_batch_info", "num_tokens_in_batch"]
+    assert callable(get_spec)
+    # The penalties core.penalties implements, and which of them SGLang applies as a scaling (last).
+    kinds = {n: getattr(penaltylib, n).is_multiplicative for n in dir(penaltylib)
+             if n.startswith("Batched") and n != "BatchedPenalizerOrchestrator"}
+    assert kinds == {"BatchedFrequencyPenalizer": False, "BatchedPresencePenalizer": False,
+                     "BatchedMinNewTokensPenalizer": False, "BatchedRepetitionPenalizer": True}
+    assert "penalizer_orchestrator=None" in inspect.getsource(SamplingBatchInfo.copy_for_forward)
+    fields = set(SamplingBatchInfo.__dataclass_fields__)
+    assert {"penalizer_orchestrator", "logit_bias", "has_custom_logit_processor", "min_ps",
+            "need_min_p_sampling"} <= fields

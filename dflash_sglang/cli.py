@@ -72,13 +72,25 @@ def _train_prompts(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run)
 
 
+def _train_corpus(sub: argparse._SubParsersAction) -> None:
+    from .train.data_cli import add_corpus_parser
+
+    add_corpus_parser(sub)
+
+
+def _distill(sub: argparse._SubParsersAction) -> None:
+    from .train.data_cli import add_distill_parser
+
+    add_distill_parser(sub)
+
+
 def _bench(sub: argparse._SubParsersAction) -> None:
     from .bench.cli import add_bench_parser
 
     add_bench_parser(sub)
 
 
-SUBCOMMANDS = [_models, _generate, _random_drafter, _train, _train_prompts, _bench]
+SUBCOMMANDS = [_models, _generate, _random_drafter, _train, _train_prompts, _train_corpus, _distill, _bench]
 
 
 def build_parser() -> argparse.ArgumentParser:

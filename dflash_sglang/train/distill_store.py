@@ -1,0 +1,201 @@
+"""A compact, append-only self-distillation store: the target's greedy answers as token ids only.
+
+Layout of a store folder::
+
+    store.json            what produced the answers (target hashes, dtype, answer length, EOS ids)
+    shard_00000.npz       ids [N] uint16: prompt + answer ids of every row, concatenated
+                          offset, prompt_len, total_len [R] int64; key [R] uint64; row [R] int64
+    shard_00001.npz ...
+
+Row r of a shard is ``ids[offset[r] : offset[r] + total_len[r]]`` with its first ``prompt_len[r]`` ids
+the chat-templated prompt; ``key`` is the first 8 bytes of sha256(prompt text) and ``row`` the corpus
+row it came from. Shards are written to a temporary file and hard-linked into place (never over an
+existing shard), so a shard on disk is always complete; a later run reads the keys already answered,
+skips those prompts and appends new shards. No tap features are stored (about 2 bytes per token):
+:func:`recompute_taps` rebuilds them from the ids with one batched prefill.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from ..core.target import HFTarget
+from .data import Sample, online_taps
+
+STORE_FORMAT = 1
+SHARD = re.compile(r"^shard_(\d{5})\.npz$")
+COMPAT_KEYS = ("format", "target_config_sha256", "target_weights_sha256", "tokenizer_sha256", "dtype",
+               "max_new_tokens", "eos_token_ids", "id_dtype")
+
+
+@dataclass(frozen=True)
+class StoredSample:
+    ids: np.ndarray  # [total_len] token ids (the store's id dtype): prompt + answer
+    prompt_len: int
+    key: int  # prompt_key(prompt text)
+    row: int  # corpus row the prompt came from (-1: unknown)
+
+    def to_sample(self) -> Sample:
+        """A training sample with no cached taps (``--features online`` style)."""
+        return Sample(torch.from_numpy(self.ids.astype(np.int64)), self.prompt_len, None)
+
+
+def prompt_key(text: str) -> int:
+    return int.from_bytes(hashlib.sha256(text.encode("utf-8")).digest()[:8], "little")
+
+
+def id_dtype_for(vocab_size: int) -> str:
+    return "uint16" if vocab_size <= np.iinfo(np.uint16).max + 1 else "uint32"
+
+
+class DistillStore:
+    """One store folder. ``create_or_open`` checks that ``meta`` matches what produced the store."""
+
+    def __init__(self, root: Path, meta: dict) -> None:
+        self.root, self.meta = root, meta
+        self.id_dtype = np.dtype(meta["id_dtype"])
+
+    @classmethod
+    def open(cls, root: str | Path) -> DistillStore:
+        root = Path(root)
+        path = root / "store.json"
+        if not path.is_file():
+            raise SystemExit(f"{root}: not a distill store (no store.json)")
+        return cls(root, json.loads(path.read_text()))
+
+    @classmethod
+    def create_or_open(cls, root: str | Path, meta: dict) -> DistillStore:
+        root = Path(root)
+        meta = {"format": STORE_FORMAT, **meta}
+        path = root / "store.json"
+        if path.is_file():
+            have = json.loads(path.read_text())
+            diff = [k for k in COMPAT_KEYS if have.get(k) != meta.get(k)]
+            if diff:
+                raise SystemExit(f"{root}: store was made with different {', '.join(diff)} "
+                                 f"({', '.join(f'{k}={have.get(k)}' for k in diff)}); use another --out")
+            return cls(root, have)
+        root.mkdir(parents=True, exist_ok=True)
+        _atomic_write(path, (json.dumps(meta, indent=1) + "\n").encode())
+        return cls(root, meta)
+
+    def shard_paths(self) -> list[Path]:
+        return sorted(p for p in self.root.iterdir() if SHARD.match(p.name))
+
+    def keys(self) -> set[int]:
+        return {int(k) for p in self.shard_paths() for k in _load(p)["key"]}
+
+    def samples(self) -> list[StoredSample]:
+        return [s for p in self.shard_paths() for s in read_shard(p)]
+
+    def stats(self) -> dict[str, int]:
+        n_seq = n_tok = n_ans = 0
+        for p in self.shard_paths():
+            z = _load(p)
+            n_seq += len(z["key"])
+            n_tok += int(z["total_len"].sum())
+            n_ans += int((z["total_len"] - z["prompt_len"]).sum())
+        return {"shards": len(self.shard_paths()), "sequences": n_seq, "tokens": n_tok,
+                "answer_tokens": n_ans}
+
+    def append(self, rows: Sequence[tuple[Sequence[int], int, int, int]]) -> Path:
+        """Writes one new shard of (ids, prompt_len, key, row) rows; returns its path."""
+        arrays = pack_rows(rows, self.id_dtype)
+        tmp = self.root / f".shard.{os.getpid()}.tmp"
+        with open(tmp, "wb") as f:
+            np.savez(f, **arrays)
+            f.flush()
+            os.fsync(f.fileno())
+        n = max((int(SHARD.match(p.name).group(1)) for p in self.shard_paths()), default=-1) + 1
+        while True:  # link never replaces a shard another writer put there first
+            dst = self.root / f"shard_{n:05d}.npz"
+            try:
+                os.link(tmp, dst)
+                break
+            except FileExistsError:
+                n += 1
+        tmp.unlink()
+        return dst
+
+
+def pack_rows(rows: Iterable[tuple[Sequence[int], int, int, int]],
+              id_dtype: np.dtype) -> dict[str, np.ndarray]:
+    ids, offset, plen, total, key, row = [], [], [], [], [], []
+    pos = 0
+    for seq, p, k, r in rows:
+        if not 0 < p <= len(seq):
+            raise ValueError(f"prompt_len {p} outside (0, {len(seq)}]")
+        ids.append(np.asarray(seq, dtype=np.int64))
+        offset.append(pos)
+        plen.append(p)
+        total.append(len(seq))
+        key.append(k)
+        row.append(r)
+        pos += len(seq)
+    flat = np.concatenate(ids) if ids else np.zeros(0, np.int64)
+    if flat.size and (flat.min() < 0 or flat.max() > np.iinfo(id_dtype).max):
+        raise ValueError(f"token ids do not fit {id_dtype}")
+    return {"ids": flat.astype(id_dtype), "offset": np.array(offset, np.int64),
+            "prompt_len": np.array(plen, np.int64), "total_len": np.array(total, np.int64),
+            "key": np.array(key, np.uint64), "row": np.array(row, np.int64)}
+
+
+def _load(path: Path) -> dict[str, np.ndarray]:
+    with np.load(path) as z:
+        return {k: z[k] for k in z.files}
+
+
+def read_shard(path: Path) -> list[StoredSample]:
+    z = _load(path)
+    ends = z["offset"] + z["total_len"]
+    if len(ends) and (ends[-1] != len(z["ids"]) or np.any(z["offset"][1:] != ends[:-1])):
+        raise ValueError(f"{path}: index does not tile the ids")
+    return [StoredSample(z["ids"][o: o + t], int(p), int(k), int(r))
+            for o, t, p, k, r in zip(z["offset"], z["total_len"], z["prompt_len"], z["key"], z["row"],
+                                     strict=True)]
+
+
+def _atomic_write(path: Path, data: bytes) -> None:
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_bytes(data)
+    tmp.replace(path)
+
+
+def file_sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 24), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def target_meta(folder: str | Path, dtype: str, max_new_tokens: int, eos: Sequence[int],
+                vocab_size: int) -> dict:
+    """What identifies the answers: hashes of the target's config, weights and tokenizer, and settings."""
+    d = Path(folder)
+    weights = sorted(d.glob("*.safetensors"))
+    names = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja")
+    toks = [d / n for n in names if (d / n).is_file()]
+    return {"target": d.name, "target_config_sha256": file_sha256(d / "config.json"),
+            "target_weights_sha256": _hash_of(weights), "tokenizer_sha256": _hash_of(toks), "dtype": dtype,
+            "max_new_tokens": max_new_tokens, "eos_token_ids": sorted(int(e) for e in eos),
+            "id_dtype": id_dtype_for(vocab_size), "decoding": "greedy, chat template, batched left-padded"}
+
+
+def _hash_of(files: Sequence[Path]) -> str:
+    return hashlib.sha256("".join(f"{f.name}:{file_sha256(f)}" for f in files).encode()).hexdigest()
+
+
+@torch.no_grad()
+def recompute_taps(target: HFTarget, samples: Sequence[StoredSample]) -> list[torch.Tensor]:
+    """Tap features [total_len - 1, T*H] of each sample: one batched prefill over all of them (no decode)."""
+    return online_taps(target, [s.to_sample() for s in samples])

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import os
 import shutil
 import subprocess
 import sys
@@ -20,7 +19,8 @@ import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
-CACHE_ENV = "DFLASH_SGLANG_CACHE"
+from .settings import settings
+
 FIXTURES = Path(__file__).parent / "fixtures"
 
 
@@ -47,7 +47,7 @@ MODELS: dict[str, ModelSource] = {
 
 
 def cache_dir() -> Path:
-    return Path(os.environ.get(CACHE_ENV) or Path.home() / ".cache" / "dflash-sglang")
+    return settings().cache
 
 
 def model_dir(name: str) -> Path:

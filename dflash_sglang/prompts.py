@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 import json
-import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-DATA_ENV = "DFLASH_SGLANG_DATA"
+from .settings import settings
 
 
 @dataclass(frozen=True)
@@ -19,8 +18,7 @@ class Prompt:
 
 def shared_data_dir() -> Path:
     """``../shared/data`` beside the checkout, unless DFLASH_SGLANG_DATA says otherwise."""
-    env = os.environ.get(DATA_ENV)
-    return Path(env) if env else Path(__file__).resolve().parents[2] / "shared" / "data"
+    return settings().data
 
 
 def spec_bench_path() -> Path:

@@ -33,6 +33,16 @@ class ServerFactory:
         self._stack = contextlib.ExitStack()
 
 
+@pytest.fixture(autouse=True)
+def _fresh_settings() -> Iterator[None]:
+    """Tests that change DFLASH_SGLANG_* variables see them; none leaks its settings to the next."""
+    from dflash_sglang.settings import settings
+
+    settings.cache_clear()
+    yield
+    settings.cache_clear()
+
+
 @pytest.fixture(scope="module")
 def sglang_server() -> Iterator[ServerFactory]:
     """Module-scoped factory: ``with sglang_server([...]) as srv`` or ``srv = sglang_server.start([...])``."""

@@ -12,13 +12,13 @@ from dflash_sglang.bench.server import (
     DEFAULT_STARTUP_TIMEOUT_S,
     FATAL_LOG_MARKER,
     PLATFORM_NAME,
-    THREADS_ENV,
     ServerClient,
     default_model_path,
     free_port,
     launch_sglang_server,
     server_command,
 )
+from dflash_sglang.settings import THREADS_ENV
 
 __all__ = [
     "ACTIVE_SERVERS",

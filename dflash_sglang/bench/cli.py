@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
-import os
 import shlex
 import sys
 from collections import Counter, defaultdict
@@ -16,6 +15,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from ..settings import THREADS_ENV, settings
 from .client import Sampling
 from .machine import REPO
 from .runner import (
@@ -28,7 +28,7 @@ from .runner import (
     method_specs,
     run_method,
 )
-from .server import BASE_SERVER_ARGS, PLATFORM_NAME, THREADS_ENV
+from .server import BASE_SERVER_ARGS, PLATFORM_NAME
 from .stats import MethodResult, summary_line
 
 DEFAULT_DRAFTER = REPO / "drafters" / "smollm2-135m-dflash-b16"
@@ -143,7 +143,7 @@ def settings_of(args: argparse.Namespace, target: str, drafter: str | None, work
         "concurrency": list(workload.concurrency),
         "methods": [s.name for s in specs],
         "ngram_draft_tokens": args.ngram_draft_tokens,
-        "server_threads": setup.threads or int(os.environ.get(THREADS_ENV, "1")),
+        "server_threads": setup.threads or settings().server_threads,
         "platform": PLATFORM_NAME,
         "base_server_args": [*BASE_SERVER_ARGS, *setup.common_args],
         "per_level": "one warm-up request per server, then the radix cache is flushed before every level",

@@ -17,12 +17,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ..settings import WORKER_ENV
 from .client import Sampling, flush_cache, stream_generate
 from .server import launch_sglang_server
 from .stats import LevelStats, MethodResult, RequestRecord, level_stats, spec_stats
 
 METHODS = ("nospec", "dflash", "ngram", "builtin")
-WORKER_ENV = "DFLASH_SGLANG_WORKER"  # read by dflash_sglang.glue.plugin
 OUR_WORKER_LOG_LINE = "dflash-sglang: our DFlash worker runs"
 ADAPTIVE_SWITCH = re.compile(r"dflash-sglang: adaptive block (\d+) for batch bucket (\d+)")
 EXCEPTION_LINE = re.compile(r"^([\w.]+(Error|Exception|Exit)|AssertionError)\b.*")

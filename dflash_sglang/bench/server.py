@@ -28,10 +28,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ..settings import settings
+
 PLATFORM_NAME = "dflash_cpu"
 DEFAULT_STARTUP_TIMEOUT_S = 300.0
 FATAL_LOG_MARKER = "Scheduler hit an exception"
-THREADS_ENV = "DFLASH_SGLANG_SERVER_THREADS"  # OpenMP threads of the server process (default 1)
 # Small, deterministic CPU server: fp32 SmolLM2, no overlap scheduler, no graphs, bounded KV pool.
 BASE_SERVER_ARGS: tuple[str, ...] = (
     "--dtype", "float32",
@@ -197,7 +198,7 @@ def launch_sglang_server(
         "SGLANG_PLATFORM": PLATFORM_NAME,
         # One intra-op thread unless told otherwise: on a small shared CPU, OpenMP spin-waiting
         # across processes (server, test client, HF reference) is several times slower.
-        "OMP_NUM_THREADS": os.environ.get(THREADS_ENV, "1"),
+        "OMP_NUM_THREADS": str(settings().server_threads),
         **(env or {}),
     }
     with open(log_path, "wb") as log_file:

@@ -13,11 +13,11 @@
 from __future__ import annotations
 
 import logging
-import os
 from typing import Any
 
+from ..settings import WORKER_ENV, settings
+
 logger = logging.getLogger(__name__)
-WORKER_ENV = "DFLASH_SGLANG_WORKER"  # "ours" (default) | "builtin"
 CREATE_WORKER = "sglang.srt.speculative.spec_info.SpeculativeAlgorithm.create_worker"
 HANDLE_DFLASH = "sglang.srt.arg_groups.speculative_hook._handle_dflash"
 VALIDATE_REQUEST = "sglang.srt.speculative.dflash_utils.validate_dflash_request"
@@ -25,10 +25,7 @@ CONSTRAINTS = ("json_schema", "regex", "ebnf", "structural_tag")
 
 
 def use_builtin() -> bool:
-    value = os.environ.get(WORKER_ENV, "ours").lower()
-    if value not in ("ours", "builtin"):
-        raise ValueError(f"{WORKER_ENV}={value!r}: use 'ours' or 'builtin'")
-    return value == "builtin"
+    return settings().worker == "builtin"
 
 
 def create_worker_hook(original: Any, algo: Any, *args: Any, **kwargs: Any) -> Any:

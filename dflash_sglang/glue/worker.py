@@ -14,7 +14,6 @@ Prefill runs the target with tap capture and injects every extend token's featur
 from __future__ import annotations
 
 import logging
-import os
 import time
 from typing import Any
 
@@ -30,15 +29,14 @@ from ..core.adaptive import BlockPolicy
 from ..core.config import DFlashConfigError, TargetSpec
 from ..core.sampling import probs_from_logits, sample_from_probs
 from ..core.verify import verify
+from ..settings import settings
 from .batch_math import Block, committed_rows, extend_positions, make_block, sampling_from_sglang
 from .logit_adjust import adjust_block_logits, needs_adjustment
 from .sglang_drafter import DFlashDraftModel
 from .streams import StreamPlan
 
 logger = logging.getLogger(__name__)
-SAMPLING_ENV = "DFLASH_SGLANG_SAMPLING"  # "rejection" (default) | "target_only"
 ADAPTIVE_LOG = "dflash-sglang: adaptive block"  # + "<block> for batch bucket <bucket>", per switch
-ADAPTIVE_ENV = "DFLASH_SGLANG_ADAPTIVE"  # "auto" (default: on where steps are host-timed) | "on" | "off"
 
 
 class DFlashWorker(BaseSpecWorker):
@@ -64,10 +62,7 @@ class DFlashWorker(BaseSpecWorker):
         self.lm_head_weight = _lm_head_weight(target)  # [V, H]
         self._head_copy: tuple[int, torch.Tensor] | None = None  # (source version, bf16 [V, H])
         self.mask_id = _check_pair(self.draft_model, self.model_runner.model_config, self.block_size)
-        self.sampling_mode = os.environ.get(SAMPLING_ENV, "rejection")
-        if self.sampling_mode not in ("rejection", "target_only"):
-            raise DFlashConfigError(
-                f"{SAMPLING_ENV}={self.sampling_mode!r}: use 'rejection' or 'target_only'")
+        self.sampling_mode = settings().sampling  # "rejection" | "target_only"
         self.generator = torch.Generator(device=self.device).manual_seed(int(server_args.random_seed or 0))
         self.streams = StreamPlan.for_device(self.device)
         self.policy = _block_policy(self.block_size, self.device)
@@ -229,9 +224,7 @@ class DFlashWorker(BaseSpecWorker):
 
 # ----------------------------------------------------------------------------- helpers
 def _block_policy(block_size: int, device: Any) -> BlockPolicy | None:
-    mode = os.environ.get(ADAPTIVE_ENV, "auto")
-    if mode not in ("auto", "on", "off"):
-        raise DFlashConfigError(f"{ADAPTIVE_ENV}={mode!r}: use 'auto', 'on' or 'off'")
+    mode = settings().adaptive
     on = mode == "on" or (mode == "auto" and torch.device(device).type == "cpu")
     return BlockPolicy(block_size) if on and block_size > 1 else None
 

@@ -18,13 +18,13 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import logging
-import os
 import platform
 from dataclasses import dataclass
 
+from ..settings import MALLOC_ENV, settings
+
 logger = logging.getLogger(__name__)
 
-MALLOC_ENV = "DFLASH_SGLANG_MALLOC"  # "tuned" (default) | "default"
 # mallopt parameter numbers from glibc's <malloc.h>.
 M_TRIM_THRESHOLD = -1
 M_MMAP_MAX = -4
@@ -45,9 +45,7 @@ def tune_allocator() -> AllocatorTuning:
     global _result
     if _result is not None:
         return _result
-    mode = os.environ.get(MALLOC_ENV, "tuned")
-    if mode not in ("tuned", "default"):
-        raise ValueError(f"{MALLOC_ENV}={mode!r}: use 'tuned' or 'default'")
+    mode = settings().malloc
     if mode == "default":
         _result = AllocatorTuning(False, f"{MALLOC_ENV}=default")
     elif platform.system() != "Linux" or platform.libc_ver()[0] != "glibc":

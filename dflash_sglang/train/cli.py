@@ -10,6 +10,7 @@ from pathlib import Path
 import torch
 
 from ..core.config import DFlashConfig, DFlashConfigError, TargetSpec
+from ..settings import settings
 from .loop import TrainConfig, init_distributed, init_from_target, rank_device, train
 
 
@@ -26,7 +27,7 @@ def add_train_parser(sub: argparse._SubParsersAction) -> None:
     g.add_argument("--gen-batch-size", type=int, default=32)
     g.add_argument("--features", choices=["cache", "online"], default="cache",
                    help="cache: store bf16 tap features while answering; online: recompute per step")
-    g.add_argument("--cache-dir", default=None, help="default: ~/.cache/dflash-sglang/train-data")
+    g.add_argument("--cache-dir", default=None, help="default: $DFLASH_SGLANG_CACHE/train-data")
     g.add_argument("--gen-dtype", choices=["float32", "bfloat16"], default="float32",
                    help="dtype of the target while it answers (bf16: 2-4x faster on CPU, answers may "
                         "differ from the fp32 target's in rare near-ties)")
@@ -84,7 +85,7 @@ def run_train(a: argparse.Namespace) -> int:
     train_p, eval_p = prompts[: a.num_prompts], prompts[a.num_prompts:]
     s = GenSettings(a.max_answer_tokens, a.gen_batch_size, eos, dcfg.target_layer_ids, a.features == "cache",
                     a.gen_dtype)
-    root = Path(a.cache_dir or Path.home() / ".cache" / "dflash-sglang" / "train-data")
+    root = Path(a.cache_dir or settings().train_cache)
     cache = root / cache_key(a.target, a.data, s)
     t0 = time.perf_counter()
     answerer = target

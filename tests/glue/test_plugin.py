@@ -65,14 +65,18 @@ def test_worker_selection(monkeypatch: pytest.MonkeyPatch) -> None:
     def original(algo, *_a, **_k):
         return "builtin"
 
+    from dflash_sglang.settings import reload_settings
+
     monkeypatch.delenv(plugin.WORKER_ENV, raising=False)
+    reload_settings()
     assert plugin.create_worker_hook(original, SpeculativeAlgorithm.DFLASH, None) is DFlashWorker
     assert plugin.create_worker_hook(original, SpeculativeAlgorithm.NGRAM, None) == "builtin"
     monkeypatch.setenv(plugin.WORKER_ENV, "builtin")
+    reload_settings()
     assert plugin.create_worker_hook(original, SpeculativeAlgorithm.DFLASH, None) == "builtin"
     monkeypatch.setenv(plugin.WORKER_ENV, "typo")
     with pytest.raises(ValueError, match="DFLASH_SGLANG_WORKER"):
-        plugin.use_builtin()
+        reload_settings()
 
 
 def test_draft_model_registered_in_registry() -> None:

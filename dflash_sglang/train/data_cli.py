@@ -30,8 +30,13 @@ def add_distill_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--corpus", required=True, help="corpus .jsonl or .jsonl.gz (train rows are used)")
     p.add_argument("--out", required=True, help="store folder (created, or extended)")
     p.add_argument("--max-new-tokens", type=int, default=512)
-    p.add_argument("--batch-size", type=int, default=16)
-    p.add_argument("--shard-batches", type=int, default=4, help="generation batches per store shard")
+    p.add_argument("--batch-size", type=int, default=64, help="sequences decoded together (slots)")
+    p.add_argument("--max-len", type=int, default=2048,
+                   help="prompt + answer tokens per slot (longer prompts are skipped)")
+    p.add_argument("--shard-rows", type=int, default=256, help="answers per store shard")
+    p.add_argument("--taps", default="default",
+                   help="comma-separated tap layer ids whose features to cache beside the store "
+                        "('default': the drafter default for this target; 'none': ids only)")
     p.add_argument("--limit", type=int, default=None, help="first N prompts of the stratified order")
     p.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32", help="the target's dtype")
     p.add_argument("--threads", type=int, default=None, help="torch intra-op threads")
@@ -42,8 +47,7 @@ def run_distill(a: argparse.Namespace) -> int:
     import torch
 
     from ..core.target import HFTarget, load_hf_target
-    from ..generate_cli import _eos_ids
-    from ..prompts import chat_ids
+    from ..prompts import chat_ids, eos_token_ids
     from .corpus import load_corpus
     from .data import GenSettings
     from .distill import distill_into, pending
@@ -55,16 +59,33 @@ def run_distill(a: argparse.Namespace) -> int:
     if not corpus.is_file() and Path(f"{corpus}.gz").is_file():
         corpus = Path(f"{corpus}.gz")
     model, tok = load_hf_target(a.target, getattr(torch, a.dtype))
-    eos = _eos_ids(model, tok)
+    eos = eos_token_ids(model, tok)
     meta = target_meta(a.target, a.dtype, a.max_new_tokens, eos, model.config.vocab_size)
     store = DistillStore.create_or_open(a.out, meta)
     todo = pending(load_corpus(corpus), store.keys(), a.limit)
     log = lambda m: print(m, file=sys.stderr, flush=True)
     log(f"distill: {len(todo)} prompts to answer -> {a.out} ({store.stats()['sequences']} already stored)")
-    target = HFTarget(model, (model.config.num_hidden_layers - 1,))  # answer_batch needs one tap; not stored
-    s = GenSettings(a.max_new_tokens, a.batch_size, eos, target.tap_layer_ids, store_taps=False,
+    taps = parse_taps(a.taps, model.config)
+    # the HF fallback (answer_batch) captures through hooks and needs at least one tap
+    target = HFTarget(model, taps or (model.config.num_hidden_layers - 1,))
+    s = GenSettings(a.max_new_tokens, a.batch_size, eos, target.tap_layer_ids, store_taps=bool(taps),
                     dtype=a.dtype)
-    rep = distill_into(store, target, lambda t: chat_ids(tok, t), todo, s, a.shard_batches, log)
-    log(f"distill: {rep.sequences} sequences, {rep.answer_tokens} answer tokens in {rep.seconds:.0f}s "
-        f"({rep.tok_s:.1f} tok/s); store: {store.stats()}")
+    rep = distill_into(store, target, lambda t: chat_ids(tok, t), todo, s, a.shard_rows, log, a.max_len)
+    log(f"distill: {rep.sequences} sequences, {rep.answer_tokens} answer tokens "
+        f"(+{rep.prompt_tokens} prompt) "
+        f"in {rep.seconds:.0f}s ({rep.tok_s:.1f} answer tok/s); store: {store.stats()}")
     return 0
+
+
+def parse_taps(spec: str, hf_config: object) -> tuple[int, ...]:
+    """'default' -> the default drafter's taps for this target; 'none' -> (); else '1,8,14'."""
+    if spec == "none":
+        return ()
+    if spec == "default":
+        from ..core.random_drafter import drafter_config_for
+
+        return tuple(drafter_config_for(hf_config, 1, 16, 0).target_layer_ids)
+    try:
+        return tuple(int(x) for x in spec.split(","))
+    except ValueError:
+        raise SystemExit(f"--taps {spec!r}: use 'default', 'none' or comma-separated layer ids") from None

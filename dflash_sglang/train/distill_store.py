@@ -11,8 +11,14 @@ Row r of a shard is ``ids[offset[r] : offset[r] + total_len[r]]`` with its first
 the chat-templated prompt; ``key`` is the first 8 bytes of sha256(prompt text) and ``row`` the corpus
 row it came from. Shards are written to a temporary file and hard-linked into place (never over an
 existing shard), so a shard on disk is always complete; a later run reads the keys already answered,
-skips those prompts and appends new shards. No tap features are stored (about 2 bytes per token):
-:func:`recompute_taps` rebuilds them from the ids with one batched prefill.
+skips those prompts and appends new shards. The ids are the data (about 2 bytes per token). Tap
+features are a local cache beside them (5.8 KB per token for SmolLM2's five taps; never committed)::
+
+    taps_<l1>-<l2>-.../shard_00000.npy   [N, T*H] bf16 bits as int16, row i = taps of ids[i]
+                                         (the last id of each row has none: zeros)
+
+written by the distill run that computed them anyway, or rebuilt from the ids by :meth:`fill_taps`
+(one batched prefill per group of rows, no decode loop).
 """
 
 from __future__ import annotations
@@ -21,6 +27,7 @@ import hashlib
 import json
 import os
 import re
+import warnings
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -106,6 +113,73 @@ class DistillStore:
             n_ans += int((z["total_len"] - z["prompt_len"]).sum())
         return {"shards": len(self.shard_paths()), "sequences": n_seq, "tokens": n_tok,
                 "answer_tokens": n_ans}
+
+    # ------------------------------------------------------------------------ tap cache
+    def taps_dir(self, layers: Sequence[int]) -> Path:
+        return self.root / ("taps_" + "-".join(str(int(i)) for i in layers))
+
+    def taps_path(self, shard: Path, layers: Sequence[int]) -> Path:
+        return self.taps_dir(layers) / (shard.stem + ".npy")
+
+    def write_taps(self, shard: Path, layers: Sequence[int], taps: Sequence[torch.Tensor]) -> Path:
+        """taps: per row of ``shard``, [total_len - 1, T*H] (any float dtype) -> the shard's taps file."""
+        z = _load(shard)
+        n, width = len(z["ids"]), taps[0].shape[-1]
+        out = np.zeros((n, width), dtype=np.int16)
+        if len(taps) != len(z["offset"]):
+            raise ValueError(f"{shard.name}: {len(taps)} tap arrays for {len(z['offset'])} rows")
+        for o, t, x in zip(z["offset"], z["total_len"], taps, strict=True):
+            if x.shape != (t - 1, width):
+                raise ValueError(f"{shard.name}: taps {tuple(x.shape)} for a row of {t} ids")
+            out[o: o + t - 1] = x.to(torch.bfloat16).view(torch.int16).numpy()
+        path = self.taps_path(shard, layers)
+        path.parent.mkdir(exist_ok=True)
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+        with open(tmp, "wb") as f:
+            np.save(f, out)
+        tmp.replace(path)
+        return path
+
+    def fill_taps(self, target: HFTarget, max_tokens: int = 8192, log=None) -> int:
+        """Writes the missing tap files for ``target.tap_layer_ids`` from the stored ids (batched
+        prefill, rows grouped up to ``max_tokens`` padded tokens). -> number of shards filled."""
+        filled = 0
+        for shard in self.shard_paths():
+            if self.taps_path(shard, target.tap_layer_ids).is_file():
+                continue
+            rows = read_shard(shard)
+            order = sorted(range(len(rows)), key=lambda i: len(rows[i].ids))
+            taps: list[torch.Tensor | None] = [None] * len(rows)
+            group: list[int] = []
+            for i in order + [None]:
+                if i is not None and (not group or (len(group) + 1) * len(rows[i].ids) <= max_tokens):
+                    group.append(i)
+                    continue
+                for j, t in zip(group, recompute_taps(target, [rows[g] for g in group]), strict=True):
+                    taps[j] = t
+                group = [] if i is None else [i]
+            self.write_taps(shard, target.tap_layer_ids, taps)  # type: ignore[arg-type]
+            filled += 1
+            if log:
+                log(f"taps: {shard.name} ({len(rows)} rows) filled")
+        return filled
+
+    def training_samples(self, layers: Sequence[int]) -> list[Sample]:
+        """Every stored row as a training sample whose taps are views into the memory-mapped tap files
+        (bf16 [total_len - 1, T*H]); raises when a shard has no tap file (see :meth:`fill_taps`)."""
+        out: list[Sample] = []
+        for shard in self.shard_paths():
+            path = self.taps_path(shard, layers)
+            if not path.is_file():
+                raise FileNotFoundError(f"{path}: no tap features for {shard.name}; run fill_taps first")
+            with warnings.catch_warnings():  # read-only memory map: nothing writes to these tensors
+                warnings.simplefilter("ignore", UserWarning)
+                taps = torch.from_numpy(np.load(path, mmap_mode="r")).view(torch.bfloat16)
+            z = _load(shard)
+            for o, t, p in zip(z["offset"], z["total_len"], z["prompt_len"], strict=True):
+                ids = torch.from_numpy(z["ids"][o: o + t].astype(np.int64))
+                out.append(Sample(ids, int(p), taps[o: o + t - 1]))
+        return out
 
     def append(self, rows: Sequence[tuple[Sequence[int], int, int, int]]) -> Path:
         """Writes one new shard of (ids, prompt_len, key, row) rows; returns its path."""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -15,7 +16,7 @@ from dflash_sglang.train.corpus_sources import SOURCES, gsm8k_units
 from dflash_sglang.train.corpus_templates import TASKS
 from dflash_sglang.train.data import GenSettings, answer_batch
 from dflash_sglang.train.dedup import dedup
-from dflash_sglang.train.distill import distill_into, pending, stratified_order
+from dflash_sglang.train.distill import distill_into, length_grouped, pending, stratified_order
 from dflash_sglang.train.distill_store import DistillStore, pack_rows, prompt_key, recompute_taps
 
 from .tiny import EOS, VOCAB, tiny_model, tiny_prompts, tiny_target
@@ -82,6 +83,12 @@ def test_stratified_order_keeps_task_proportions() -> None:
     assert (first.count("a"), first.count("b"), first.count("c")) == (12, 6, 2)
 
 
+def test_length_grouping_sorts_within_groups_only() -> None:
+    lengths = [5, 1, 4, 2, 9, 3, 7]
+    assert length_grouped([0, 1, 2, 3, 4, 5, 6], lengths, 3) == [1, 2, 0, 3, 5, 4, 6]
+    assert length_grouped([6, 0], lengths, 10) == [0, 6]
+
+
 # ------------------------------------------------------------------------------------ distill store
 META = {"target_config_sha256": "c", "target_weights_sha256": "w", "tokenizer_sha256": "t",
         "dtype": "float32", "max_new_tokens": 8, "eos_token_ids": [EOS], "id_dtype": "uint16"}
@@ -118,12 +125,14 @@ def test_distill_extends_the_store_and_taps_are_recomputed_from_ids(tmp_path: Pa
 
     first = pending(rows, store.keys(), limit=4)
     assert len(first) == 4 and all(rows[t.row]["split"] == "train" for t in first)
-    distill_into(store, target, tokenize, first, s, 1, log.append)
-    assert store.stats()["sequences"] == 4
+    distill_into(store, target, tokenize, first, s, 2, log.append)
+    assert store.stats() == {"shards": 2, "sequences": 4, "tokens": store.stats()["tokens"],
+                             "answer_tokens": store.stats()["answer_tokens"]}
     rest = pending(rows, store.keys(), limit=None)  # a rerun with a larger limit only answers the rest
     assert {t.row for t in rest} == set(range(6)) - {t.row for t in first}
     distill_into(store, target, tokenize, rest, s, 1, log.append)
     assert pending(rows, store.keys(), limit=None) == []
+    assert len(list(store.taps_dir(target.tap_layer_ids).glob("*.npy"))) == 4  # one per shard
 
     samples = store.samples()
     assert sorted(x.row for x in samples) == list(range(6))
@@ -136,3 +145,15 @@ def test_distill_extends_the_store_and_taps_are_recomputed_from_ids(tmp_path: Pa
     for x, t in zip(samples, taps, strict=True):
         # the generation run kept bf16 taps; the recomputed ones agree to bf16 precision
         torch.testing.assert_close(t.float(), want[x.key].taps.float(), atol=2e-2, rtol=2e-2)
+    # the generator's cached taps are those of the stored ids; fill_taps rebuilds them from the ids alone
+    cached = store.training_samples(target.tap_layer_ids)
+    shutil.rmtree(store.taps_dir(target.tap_layer_ids))
+    with pytest.raises(FileNotFoundError, match="fill_taps"):
+        store.training_samples(target.tap_layer_ids)
+    assert store.fill_taps(target, max_tokens=20) == 4
+    rebuilt = store.training_samples(target.tap_layer_ids)
+    for x, c, r in zip(samples, cached, rebuilt, strict=True):
+        assert c.ids.tolist() == r.ids.tolist() == x.ids.tolist()
+        assert c.taps.shape == r.taps.shape == (len(x.ids) - 1, want[x.key].taps.shape[-1])
+        torch.testing.assert_close(c.taps.float(), want[x.key].taps.float(), atol=2e-2, rtol=2e-2)
+        torch.testing.assert_close(r.taps.float(), want[x.key].taps.float(), atol=2e-2, rtol=2e-2)

@@ -16,7 +16,7 @@ from .core.drafter import DFlashDrafter
 from .core.engine import EngineConfig, ReferenceEngine, RequestResult, autoregressive_generate
 from .core.sampling import SamplingConfig
 from .core.target import HFTarget, load_hf_target
-from .prompts import Prompt, chat_ids, first_per_category, load_prompts
+from .prompts import Prompt, chat_ids, eos_token_ids, first_per_category, load_prompts
 
 
 def add_generate_parser(sub: argparse._SubParsersAction) -> None:
@@ -31,7 +31,10 @@ def add_generate_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--sampling-mode", choices=["rejection", "target_only"], default="rejection")
     p.add_argument("--max-new-tokens", type=int, default=128)
     p.add_argument("--draft-head-dtype", choices=["auto", "target", "bfloat16"], default="auto",
-                   help="LM-head dtype while drafting (auto: bf16 on CPU, 2-4x cheaper; always lossless)")
+                   help="LM-head dtype while drafting (auto: bf16 on CPUs with native bf16, else the "
+                        "target's; always lossless)")
+    p.add_argument("--full-draft-vocab", action="store_true",
+                   help="draft over the whole vocabulary even if the drafter has a draft_vocab.json")
     p.add_argument("--limit", type=int, default=None)
     p.add_argument("--per-category", type=int, default=None,
                    help="first N prompts of every category (applied before --limit)")
@@ -62,10 +65,10 @@ def build(args: argparse.Namespace) -> Setup:
     if block > drafter.cfg.block_size:
         print(f"warning: --block-size {block} exceeds the drafter's trained block_size "
               f"{drafter.cfg.block_size}; acceptance will suffer", file=sys.stderr)
-    eos = _eos_ids(model, tok)
-    on_cpu = target.device.type == "cpu"
-    bf16_head = args.draft_head_dtype == "bfloat16" or (args.draft_head_dtype == "auto" and on_cpu)
-    head_dtype = torch.bfloat16 if bf16_head else None
+    eos = eos_token_ids(model, tok)
+    head_dtype = {"auto": None, "target": model.dtype, "bfloat16": torch.bfloat16}[args.draft_head_dtype]
+    if args.full_draft_vocab:
+        drafter.draft_vocab = None
     cfg = EngineConfig(block, args.max_new_tokens, eos, args.sampling_mode, head_dtype)
     return Setup(ReferenceEngine(target, drafter, cfg), target, tok, eos)
 
@@ -73,14 +76,6 @@ def build(args: argparse.Namespace) -> Setup:
 def _with_mask(drafter: DFlashDrafter, tok: Any) -> DFlashDrafter:
     drafter.cfg = drafter.cfg.with_tokenizer(tok)  # resolves a string mask_token; else unchanged
     return drafter
-
-
-def _eos_ids(model: Any, tok: Any) -> tuple[int, ...]:
-    ids: set[int] = set()
-    for src in (getattr(model, "generation_config", None), model.config, tok):
-        e = getattr(src, "eos_token_id", None)
-        ids.update([e] if isinstance(e, int) else (e or []))
-    return tuple(sorted(ids))
 
 
 def _batches(n: int, size: int) -> list[range]:

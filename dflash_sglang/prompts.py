@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gzip
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -40,7 +41,7 @@ def load_prompts(path: str | Path, limit: int | None = None) -> list[Prompt]:
     if not p.is_file():
         raise SystemExit(f"{p}: prompts file not found")
     out: list[Prompt] = []
-    with p.open() as f:
+    with (gzip.open(p, "rt") if p.suffix == ".gz" else p.open()) as f:
         for i, line in enumerate(f, 1):
             if not line.strip():
                 continue
@@ -70,3 +71,12 @@ def chat_ids(tokenizer: Any, text: str) -> list[int]:
     if not isinstance(ids, list):
         ids = ids["input_ids"]
     return [int(t) for t in ids]
+
+
+def eos_token_ids(model: Any, tok: Any) -> tuple[int, ...]:
+    """Every end-of-sequence id the model's generation config, config and tokenizer name."""
+    ids: set[int] = set()
+    for src in (getattr(model, "generation_config", None), model.config, tok):
+        e = getattr(src, "eos_token_id", None)
+        ids.update([e] if isinstance(e, int) else (e or []))
+    return tuple(sorted(ids))

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 import torch
 
 from .draft_cache import DraftContextCache
+from .draft_head import DraftHead
 from .drafter import DFlashDrafter
 from .sampling import SamplingConfig, probs_from_logits, sample_from_probs
 from .target import HFTarget, TargetOutput
@@ -32,8 +33,9 @@ class EngineConfig:
     max_new_tokens: int
     eos_token_ids: tuple[int, ...] = ()
     sampling_mode: str = "rejection"  # "rejection" (draft probs) | "target_only" (argmax drafts)
-    # dtype of the LM head when drafting (None: the target's). Any precision is lossless: greedy
-    # verification never trusts a draft, and sampled drafts are verified against the q they came from.
+    # dtype of the LM head when drafting (None: core.draft_head.head_dtype_for decides). Any precision
+    # is lossless: greedy verification never trusts a draft, and sampled drafts are verified against
+    # the q they came from.
     draft_head_dtype: torch.dtype | None = None
 
     def __post_init__(self) -> None:
@@ -69,8 +71,8 @@ class ReferenceEngine:
         self.target, self.drafter, self.cfg = target, drafter, cfg
         self.mask_id = int(drafter.cfg.mask_token_id)  # validated above
         self.injected = 0  # context positions projected into draft KV, over all generate() calls
-        head = target.lm_head_weight  # [V, H]
-        self.draft_head = head.to(cfg.draft_head_dtype) if cfg.draft_head_dtype else head
+        # [V', H]: the target's LM head, restricted to the drafter's draft vocabulary if it has one
+        self.head = DraftHead.build(target.lm_head_weight, drafter.draft_vocab, cfg.draft_head_dtype)
 
     @torch.no_grad()
     def generate(
@@ -94,7 +96,9 @@ class ReferenceEngine:
     def _draft(
         self, b: _Batch, generator: torch.Generator | None
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """-> block tokens [bs, B] and the draft probabilities [bs, B-1, V] (None: argmax drafts)."""
+        """-> block tokens [bs, B] and the draft probabilities [bs, B-1, V] (None: argmax drafts).
+
+        Drafts come from the draft head's rows (V' <= V); q is zero outside them."""
         bsz, nb = b.last.shape[0], self.cfg.block_size
         block = torch.full((bsz, nb), self.mask_id, dtype=torch.long, device=b.last.device)
         block[:, 0] = b.last
@@ -103,14 +107,14 @@ class ReferenceEngine:
         assert b.draft is not None
         embeds = self.target.embed(block)
         hidden = self.drafter.forward_block(embeds, _block_positions(b, nb), b.draft.view())
-        hidden = hidden[:, 1:].to(self.draft_head.dtype)
-        logits = self.drafter.logits(hidden, self.draft_head).float()  # [bs, B-1, V]
+        hidden = hidden[:, 1:].to(self.head.weight.dtype)
+        logits = self.drafter.logits(hidden, self.head.weight).float()  # [bs, B-1, V']
         if self.cfg.sampling_mode == "target_only":
-            block[:, 1:] = logits.argmax(-1)
+            block[:, 1:] = self.head.to_tokens(logits.argmax(-1))
             return block, None
-        q = probs_from_logits(logits, b.sampling)
-        block[:, 1:] = sample_from_probs(q, generator)
-        return block, q
+        q = probs_from_logits(logits, b.sampling)  # [bs, B-1, V']
+        block[:, 1:] = self.head.to_tokens(sample_from_probs(q, generator))
+        return block, self.head.full(q)
 
     def _commit(self, b: _Batch, block: torch.Tensor, taps: torch.Tensor, res: VerifyResult,
                 results: list[RequestResult]) -> None:

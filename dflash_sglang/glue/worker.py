@@ -27,6 +27,7 @@ from sglang.srt.speculative.draft_worker_common import build_draft_tp_worker, ma
 
 from ..core.adaptive import BlockPolicy
 from ..core.config import DFlashConfigError, TargetSpec
+from ..core.draft_head import DraftHead, load_draft_vocab
 from ..core.sampling import probs_from_logits, sample_from_probs
 from ..core.verify import verify
 from ..settings import settings
@@ -60,7 +61,9 @@ class DFlashWorker(BaseSpecWorker):
         target = self.model_runner.model
         self.embed_weight = target.get_input_embeddings().weight  # [V, H]
         self.lm_head_weight = _lm_head_weight(target)  # [V, H]
-        self._head_copy: tuple[int, torch.Tensor] | None = None  # (source version, bf16 [V, H])
+        # [V', H] rows the drafter proposes from: its draft_vocab.json subset, else the whole head
+        self.head = DraftHead.build(self.lm_head_weight,
+                                    load_draft_vocab(server_args.speculative_draft_model_path))
         self.mask_id = _check_pair(self.draft_model, self.model_runner.model_config, self.block_size)
         self.sampling_mode = settings().sampling  # "rejection" | "target_only"
         self.generator = torch.Generator(device=self.device).manual_seed(int(server_args.random_seed or 0))
@@ -167,28 +170,14 @@ class DFlashWorker(BaseSpecWorker):
         hidden = self.draft_runner.forward(fb).logits_output.hidden_states  # [bs*B, H]
         self.stats["draft_forwards"] += 1
         hidden = hidden.view(block.tokens.shape[0], nb, -1)[:, 1:]
-        head = self._draft_head()
-        logits = self.draft_model.drafter.logits(hidden.to(head.dtype), head)
+        self.head = self.head.refreshed(self.lm_head_weight)  # follows in-place weight updates
+        logits = self.draft_model.drafter.logits(hidden.to(self.head.weight.dtype), self.head.weight)
         if self.sampling_mode == "target_only" or bool(sampling.is_greedy.all()):
-            block.tokens[:, 1:] = logits.argmax(-1)
+            block.tokens[:, 1:] = self.head.to_tokens(logits.argmax(-1))
             return None
-        q = probs_from_logits(logits.float(), sampling)
-        block.tokens[:, 1:] = sample_from_probs(q, self.generator)
-        return q
-
-    def _draft_head(self) -> torch.Tensor:
-        """The LM head the drafter borrows, [V, H]: a bf16 copy for an fp32 target on CPU.
-
-        Drafting through it costs (B-1) x V x H per request, several target decode steps on a CPU; in
-        bf16 it is 2-4x cheaper. Output stays exact: greedy verification never trusts a draft, and a
-        sampled draft is verified against the very q it was drawn from. The copy follows in-place
-        weight updates of the target (tensor version counter)."""
-        w = self.lm_head_weight
-        if w.dtype != torch.float32 or w.device.type != "cpu":
-            return w
-        if self._head_copy is None or self._head_copy[0] != w._version:
-            self._head_copy = (w._version, w.detach().to(torch.bfloat16))
-        return self._head_copy[1]
+        q = probs_from_logits(logits.float(), sampling)  # [bs, B-1, V']
+        block.tokens[:, 1:] = self.head.to_tokens(sample_from_probs(q, self.generator))
+        return self.head.full(q)
 
     def _verify_target(self, batch: Any, block: Block, host_lens: torch.Tensor) -> tuple:
         """-> logits [bs*B, V], tap states [bs*B, T*H], the LogitsProcessorOutput."""

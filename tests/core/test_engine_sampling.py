@@ -75,8 +75,10 @@ def marginal(law, idx: tuple[int, ...]):
     return out
 
 
-def run_engine(tiny, mode: str, temperature: float, top_k: int = 0, top_p: float = 1.0, seed: int = 0):
+def run_engine(tiny, mode: str, temperature: float, top_k: int = 0, top_p: float = 1.0, seed: int = 0,
+               draft_vocab: list[int] | None = None):
     model, drafter = tiny
+    drafter.draft_vocab = None if draft_vocab is None else torch.tensor(draft_vocab)
     eng = ReferenceEngine(
         HFTarget(model, drafter.cfg.target_layer_ids),
         drafter,
@@ -84,6 +86,7 @@ def run_engine(tiny, mode: str, temperature: float, top_k: int = 0, top_p: float
     )
     sampling = SamplingConfig.uniform(N, temperature, top_k, top_p)
     res = eng.generate([PROMPT] * N, sampling, torch.Generator().manual_seed(seed))
+    drafter.draft_vocab = None
     return [tuple(r.output_ids) for r in res], sampling, res
 
 
@@ -104,6 +107,16 @@ def test_engine_sampling_matches_target_law(tiny, mode, temperature, top_k, top_
         sub = [tuple(s[i] for i in idx) for s in samples]
         p = chi2_pvalue(sub, marginal(law, idx))
         assert p > 1e-3, f"{mode}: tokens {idx} deviate from the target law (p={p:.2e})"
+
+
+def test_draft_vocabulary_subset_keeps_the_target_law(tiny):
+    """Drafts only from 4 of the 10 tokens (q = 0 elsewhere): the output law is still the target's."""
+    samples, sampling, res = run_engine(tiny, "rejection", 1.0, draft_vocab=[1, 3, 4, 7], seed=5)
+    assert max(k for r in res for k in r.committed_per_step) > 1
+    law = exact_law(tiny[0], sampling, 3)
+    for idx in [(1,), (2,), (0, 1), (1, 2)]:
+        p = chi2_pvalue([tuple(s[i] for i in idx) for s in samples], marginal(law, idx))
+        assert p > 1e-3, f"draft subset: tokens {idx} deviate from the target law (p={p:.2e})"
 
 
 def test_plain_sampling_matches_target_law(tiny):

@@ -1,10 +1,20 @@
-"""``dflash-sglang train``: self-distil data from the target, then train a DFlash drafter for it."""
+"""``dflash-sglang train``: train a DFlash drafter for a target, from a distill store or from prompts.
+
+Data comes either from a distill store (``--store``: the target's answers as token ids, see
+``dflash-sglang distill``; tap features from the store's cache, rebuilt by a batched prefill where
+missing) or from prompt files (``--data``: answered here and cached, the original pipeline).
+The optimisation flags are generated from :class:`TrainConfig`'s fields, so names, types and
+defaults live in one place.
+"""
 
 from __future__ import annotations
 
 import argparse
 import sys
 import time
+import types
+import typing
+from dataclasses import fields
 from pathlib import Path
 
 import torch
@@ -17,20 +27,28 @@ from .loop import TrainConfig, init_distributed, init_from_target, rank_device, 
 def add_train_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("train", help="train a DFlash drafter for a target (self-distillation)")
     p.add_argument("--target", required=True, help="HF target model folder")
-    p.add_argument("--data", required=True, nargs="+", help="JSONL prompt files (prompt/question/turns)")
+    src = p.add_mutually_exclusive_group(required=True)
+    src.add_argument("--data", nargs="+", help="JSONL prompt files (prompt/question/turns), answered here")
+    src.add_argument("--store", help="a distill store folder (dflash-sglang distill): train on its answers")
     p.add_argument("--out", required=True, help="output folder: published DFlash checkpoint")
     p.add_argument("--state-dir", default=None, help="resumable train state + logs (default: --out)")
     g = p.add_argument_group("data")
-    g.add_argument("--num-prompts", type=int, default=1000, help="training prompts (first N rows)")
-    g.add_argument("--eval-prompts", type=int, default=4, help="held-out prompts after the first N")
+    g.add_argument("--num-prompts", type=int, default=1000,
+                   help="--data: training prompts (first N rows); --store: at most N stored answers "
+                        "(0: all)")
+    g.add_argument("--eval-prompts", type=int, default=4,
+                   help="held-out prompts for tau: --data: the rows after the first N; --store: the first "
+                        "rows of --eval-data")
+    g.add_argument("--eval-data", default=None, help="--store: held-out prompt file (.jsonl or .jsonl.gz)")
+    g.add_argument("--eval-store", default=None,
+                   help="a distill store of held-out prompts: teacher-forced acceptance at each evaluation")
     g.add_argument("--max-answer-tokens", type=int, default=160)
     g.add_argument("--gen-batch-size", type=int, default=32)
     g.add_argument("--features", choices=["cache", "online"], default="cache",
                    help="cache: store bf16 tap features while answering; online: recompute per step")
     g.add_argument("--cache-dir", default=None, help="default: $DFLASH_SGLANG_CACHE/train-data")
     g.add_argument("--gen-dtype", choices=["float32", "bfloat16"], default="float32",
-                   help="dtype of the target while it answers (bf16: 2-4x faster on CPU, answers may "
-                        "differ from the fp32 target's in rare near-ties)")
+                   help="dtype of the target while it answers (--data only)")
     m = p.add_argument_group("drafter")
     m.add_argument("--init-from", default=None,
                    help="warm start: a DFlash checkpoint folder for this target; its config.json defines "
@@ -42,29 +60,38 @@ def add_train_parser(sub: argparse._SubParsersAction) -> None:
                    help="number of tap layers (default: drafter_config_for)")
     m.add_argument("--intermediate-size", type=int, default=None)
     m.add_argument("--mask-token-id", type=int, default=None, help="default: the tokenizer's unk/eos id")
-    o = p.add_argument_group("optimisation")
-    for name, typ, default in (("steps", int, 1000), ("batch-size", int, 8), ("blocks-per-seq", int, 16),
-                               ("lr", float, 6e-4), ("warmup", int, 50), ("weight-decay", float, 0.01),
-                               ("grad-clip", float, 1.0), ("gamma", float, None), ("seed", int, 0),
-                               ("eval-every", int, 0), ("eval-max-new-tokens", int, 48),
-                               ("save-every", int, 100), ("log-every", int, 10)):
-        o.add_argument(f"--{name}", type=typ, default=default)
-    o.add_argument("--save-dtype", choices=["bfloat16", "float32"], default="bfloat16")
-    o.add_argument("--head-dtype", choices=["bfloat16", "float32"], default="bfloat16",
-                   help="matmul dtype of the frozen LM head in the loss (bf16: ~2x faster on CPU)")
-    o.add_argument("--device", default="cpu", help="cpu | cuda (one GPU per rank under torchrun)")
+    m.add_argument("--draft-vocab", type=int, default=None,
+                   help="draft vocabulary: the N most frequent answer tokens (0: the whole vocabulary; "
+                        "default: the --init-from checkpoint's, else the whole vocabulary)")
+    o = p.add_argument_group("optimisation (TrainConfig)")
+    for f in fields(TrainConfig):
+        if f.metadata.get("cli"):
+            _add_config_flag(o, f)
     o.add_argument("--threads", type=int, default=None, help="torch intra-op threads")
     o.add_argument("--no-resume", action="store_true", help="ignore an existing train_state.pt")
     p.set_defaults(func=run_train)
+
+
+def _add_config_flag(group: argparse._ArgumentGroup, f: typing.Any) -> None:
+    hints = typing.get_type_hints(TrainConfig)
+    typ = hints[f.name]
+    if isinstance(typ, types.UnionType):  # "float | None" -> float
+        typ = next(t for t in typing.get_args(typ) if t is not type(None))
+    kw = {"choices": f.metadata["choices"]} if "choices" in f.metadata else {}
+    group.add_argument(f"--{f.name.replace('_', '-')}", type=typ, default=f.default,
+                       help=f"{f.metadata['help']} (default {f.default})", **kw)
+
+
+def config_from_args(a: argparse.Namespace) -> TrainConfig:
+    opts = {f.name: getattr(a, f.name) for f in fields(TrainConfig) if f.metadata.get("cli")}
+    return TrainConfig(out=a.out, state_dir=a.state_dir, resume=not a.no_resume, **opts)
 
 
 def run_train(a: argparse.Namespace) -> int:
     from ..core.drafter import DFlashDrafter, load_safetensors_dir
     from ..core.random_drafter import drafter_config_for, random_drafter
     from ..core.target import HFTarget, load_hf_target
-    from ..generate_cli import _eos_ids
-    from ..prompts import chat_ids
-    from .data import GenSettings, build_dataset, cache_key, prompt_ids_from_files
+    from ..prompts import chat_ids, eos_token_ids
 
     if a.threads:
         torch.set_num_threads(a.threads)
@@ -80,41 +107,92 @@ def run_train(a: argparse.Namespace) -> int:
         dcfg = drafter_config_for(model.config, a.layers or 1, a.block_size or 16, mask, a.taps,
                                   a.intermediate_size)
     target = HFTarget(model, dcfg.target_layer_ids)
-    eos = _eos_ids(model, tok)
-    prompts = prompt_ids_from_files(a.data, lambda t: chat_ids(tok, t), a.num_prompts + a.eval_prompts)
+    eos = eos_token_ids(model, tok)
+    t0 = time.perf_counter()
+    if a.store:
+        samples, eval_p = _store_data(a, target, lambda t: chat_ids(tok, t), d.main)
+    else:
+        samples, eval_p = _prompt_data(a, target, lambda t: chat_ids(tok, t), eos, dcfg, dev, d)
+    _log(d.main, f"data: {len(samples)} sequences, {sum(len(x.ids) for x in samples)} tokens "
+                 f"({time.perf_counter() - t0:.0f}s)")
+    cfg = config_from_args(a)
+    if a.init_from:  # built from the config warm_start_config validated, not a second read of it
+        drafter = DFlashDrafter(dcfg)
+        drafter.load_published_state(load_safetensors_dir(Path(a.init_from)))
+        from ..core.draft_head import load_draft_vocab
+
+        drafter.draft_vocab = load_draft_vocab(a.init_from)
+        _log(d.main, f"warm start from {a.init_from}")
+    else:
+        drafter = init_from_target(random_drafter(dcfg, a.seed), model)
+    if a.draft_vocab is not None:
+        drafter.draft_vocab = _draft_vocab(a.draft_vocab, samples, model.config.vocab_size, eos, d.main)
+    eval_s = None
+    if a.eval_store:
+        from .distill_store import DistillStore
+
+        held = DistillStore.open(a.eval_store)
+        held.fill_taps(target)
+        eval_s = held.training_samples(target.tap_layer_ids)
+    t0 = time.perf_counter()
+    res = train(cfg, drafter, target, samples, eval_p, eos, eval_s)
+    last = {k: v for k, v in (res.taus[-1] if res.taus else {}).items() if isinstance(v, float)}
+    _log(d.main, f"trained {res.step} steps in {time.perf_counter() - t0:.0f}s -> {a.out}"
+                 + "".join(f"; held-out {k} {v:.3f}" for k, v in last.items()))
+    if d.world > 1:
+        torch.distributed.destroy_process_group()
+    return 0
+
+
+def _store_data(a: argparse.Namespace, target: typing.Any, tokenize: typing.Any, main: bool) -> tuple:
+    """Samples from a distill store (tap cache filled where missing) and held-out prompt ids."""
+    from ..prompts import load_prompts
+    from .distill_store import DistillStore
+
+    store = DistillStore.open(a.store)
+    filled = store.fill_taps(target, log=lambda m: _log(main, m))
+    if filled:
+        _log(main, f"taps: {filled} shards rebuilt from the stored ids by batched prefill")
+    samples = store.training_samples(target.tap_layer_ids)
+    if a.num_prompts:
+        samples = samples[: a.num_prompts]
+    eval_p = []
+    if a.eval_prompts:
+        if not a.eval_data:
+            raise SystemExit("--store needs --eval-data for --eval-prompts (or --eval-prompts 0)")
+        eval_p = [tokenize(p.text) for p in load_prompts(a.eval_data, a.eval_prompts)]
+    return samples, eval_p
+
+
+def _prompt_data(a: argparse.Namespace, target: typing.Any, tokenize: typing.Any, eos: tuple[int, ...],
+                 dcfg: DFlashConfig, dev: str, d: typing.Any) -> tuple:
+    from ..core.target import HFTarget, load_hf_target
+    from .data import GenSettings, build_dataset, cache_key, prompt_ids_from_files
+
+    prompts = prompt_ids_from_files(a.data, tokenize, a.num_prompts + a.eval_prompts)
     train_p, eval_p = prompts[: a.num_prompts], prompts[a.num_prompts:]
     s = GenSettings(a.max_answer_tokens, a.gen_batch_size, eos, dcfg.target_layer_ids, a.features == "cache",
                     a.gen_dtype)
-    root = Path(a.cache_dir or settings().train_cache)
-    cache = root / cache_key(a.target, a.data, s)
-    t0 = time.perf_counter()
+    cache = Path(a.cache_dir or settings().train_cache) / cache_key(a.target, a.data, s)
     answerer = target
     if a.gen_dtype != "float32":
         gen_model = load_hf_target(a.target, getattr(torch, a.gen_dtype), dev)[0]
         answerer = HFTarget(gen_model, dcfg.target_layer_ids)
     samples = build_dataset(answerer, train_p, cache, s, show=d.main, rank=d.rank, world=d.world)
-    _log(d.main, f"data: {len(samples)} sequences, {sum(len(x.ids) for x in samples)} tokens, "
-                 f"cache {cache} ({time.perf_counter() - t0:.0f}s)")
-    cfg = TrainConfig(out=a.out, state_dir=a.state_dir, steps=a.steps, batch_size=a.batch_size,
-                      blocks_per_seq=a.blocks_per_seq,
-                      lr=a.lr, warmup=a.warmup, weight_decay=a.weight_decay, grad_clip=a.grad_clip,
-                      gamma=a.gamma, seed=a.seed, device=a.device, log_every=a.log_every,
-                      eval_every=a.eval_every, eval_max_new_tokens=a.eval_max_new_tokens,
-                      save_every=a.save_every, save_dtype=a.save_dtype, head_dtype=a.head_dtype,
-                      resume=not a.no_resume)
-    t0 = time.perf_counter()
-    if a.init_from:  # built from the config warm_start_config validated, not a second read of it
-        drafter = DFlashDrafter(dcfg)
-        drafter.load_published_state(load_safetensors_dir(Path(a.init_from)))
-        _log(d.main, f"warm start from {a.init_from}")
-    else:
-        drafter = init_from_target(random_drafter(dcfg, a.seed), model)
-    res = train(cfg, drafter, target, samples, eval_p, eos)
-    _log(d.main, f"trained {res.step} steps in {time.perf_counter() - t0:.0f}s -> {a.out}"
-                 + (f"; held-out tau {res.taus[-1]['tau']:.3f}" if res.taus else ""))
-    if d.world > 1:
-        torch.distributed.destroy_process_group()
-    return 0
+    _log(d.main, f"data cache {cache}")
+    return samples, eval_p
+
+
+def _draft_vocab(size: int, samples: list, vocab_size: int, eos: tuple[int, ...],
+                 main: bool) -> torch.Tensor | None:
+    from .recipe import select_draft_vocab
+
+    if size <= 0 or size >= vocab_size:
+        return None
+    ids, cover = select_draft_vocab([s.ids[s.prompt_len:] for s in samples], size, vocab_size, eos)
+    _log(main, f"draft vocabulary: {len(ids)} of {vocab_size} tokens, covering {100 * cover:.2f}% of the "
+               "training answers' tokens")
+    return ids
 
 
 def warm_start_config(a: argparse.Namespace, target: TargetSpec) -> DFlashConfig:

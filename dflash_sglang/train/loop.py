@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -29,27 +30,38 @@ STATE_FILE = "train_state.pt"
 LOG_FILE = "train_log.jsonl"
 
 
+def _opt(default: Any, help: str, **kw: Any) -> Any:
+    """A TrainConfig field that ``dflash-sglang train`` exposes as ``--name`` (help text, choices)."""
+    return field(default=default, metadata={"cli": True, "help": help, **kw})
+
+
 @dataclass(frozen=True)
 class TrainConfig:
+    """The training loop's settings; ``dflash-sglang train`` builds its optimisation flags from the
+    fields marked with ``_opt`` (one source of truth for names, types and defaults)."""
+
     out: str  # published checkpoint (config.json + model.safetensors)
     state_dir: str | None = None  # train_state.pt + logs; None: inside ``out``
-    steps: int = 1000
-    batch_size: int = 8  # sequences per step per rank
-    blocks_per_seq: int = 16  # anchors (blocks) drawn per sequence
-    lr: float = 6e-4
-    min_lr_ratio: float = 0.1
-    warmup: int = 50
-    weight_decay: float = 0.01
-    grad_clip: float = 1.0
-    gamma: float | None = None  # None: default_gamma(block_size)
-    seed: int = 0
-    device: str = "cpu"
-    log_every: int = 10
-    eval_every: int = 0  # 0: only at the end
-    eval_max_new_tokens: int = 48
-    save_every: int = 100
-    save_dtype: str = "bfloat16"  # dtype of the published model.safetensors
-    head_dtype: str = "float32"  # matmul dtype of the borrowed LM head during training
+    steps: int = _opt(1000, "optimizer steps")
+    batch_size: int = _opt(8, "sequences per step per rank")
+    blocks_per_seq: int = _opt(16, "anchors (blocks) drawn per sequence")
+    lr: float = _opt(6e-4, "peak learning rate")
+    min_lr_ratio: float = _opt(0.1, "cosine floor as a fraction of --lr")
+    warmup: int = _opt(50, "linear warmup steps")
+    weight_decay: float = _opt(0.01, "AdamW weight decay")
+    grad_clip: float = _opt(1.0, "gradient norm clip")
+    gamma: float | None = _opt(None, "loss weight decay over block positions (default: by block size)")
+    seed: int = _opt(0, "seed of init, batches and anchors")
+    device: str = _opt("cpu", "cpu | cuda (one GPU per rank under torchrun)")
+    log_every: int = _opt(10, "progress-bar update period (steps)")
+    eval_every: int = _opt(0, "held-out tau period (steps; 0: only at the end)")
+    eval_max_new_tokens: int = _opt(48, "new tokens per held-out prompt in the tau evaluation")
+    save_every: int = _opt(100, "checkpoint period (steps)")
+    save_dtype: str = _opt("bfloat16", "dtype of the published model.safetensors",
+                           choices=("bfloat16", "float32"))
+    head_dtype: str = _opt("auto", "matmul dtype of the frozen LM head in the loss (auto: bf16 only on CPUs "
+                                   "with native bf16, see core.draft_head)",
+                           choices=("auto", "bfloat16", "float32"))
     resume: bool = True
     stop_at: int | None = None  # stop (and checkpoint) after this step, as if interrupted
     show_progress: bool = True
@@ -119,13 +131,18 @@ def step_generator(cfg: TrainConfig, step: int, d: Dist) -> torch.Generator:
 
 
 def train(cfg: TrainConfig, drafter: DFlashDrafter, target: HFTarget, samples: list[Sample],
-          eval_prompts: list[list[int]], eos_token_ids: tuple[int, ...]) -> TrainResult:
+          eval_prompts: list[list[int]], eos_token_ids: tuple[int, ...],
+          eval_samples: list[Sample] | None = None) -> TrainResult:
+    """Trains ``drafter`` on ``samples``. Evaluation (every cfg.eval_every steps and at the end): greedy
+    tau on ``eval_prompts`` (reference engine) and the teacher-forced acceptance on ``eval_samples``
+    (held-out distilled answers, fixed anchors)."""
     d = init_distributed(cfg.device)
     dev = rank_device(cfg.device, d)
     torch.manual_seed(cfg.seed)
     gamma = cfg.gamma or default_gamma(drafter.cfg.block_size)
+    head_dtype = None if cfg.head_dtype == "auto" else getattr(torch, cfg.head_dtype)
     module = BlockLoss(drafter.to(dev).float().train(), target.embed_weight, target.lm_head_weight, gamma,
-                       getattr(torch, cfg.head_dtype))
+                       head_dtype)
     model: torch.nn.Module = module
     if d.world > 1:
         model = torch.nn.parallel.DistributedDataParallel(module)
@@ -142,11 +159,12 @@ def train(cfg: TrainConfig, drafter: DFlashDrafter, target: HFTarget, samples: l
         res.history.append(rec)
         if res.step % cfg.log_every == 0 or res.step == last:
             bar.set_postfix(loss=f"{rec['loss']:.3f}", acc_len=f"{rec['acc_len']:.2f}")
+        evals = (eval_prompts, eval_samples or [], eos_token_ids)
         if cfg.eval_every and res.step % cfg.eval_every == 0 and res.step < cfg.steps:
-            _evaluate(cfg, drafter, target, eval_prompts, eos_token_ids, res, d)
+            _evaluate(cfg, module, target, evals, res, d)
         if res.step % cfg.save_every == 0 or res.step == last:
             if res.step == cfg.steps:
-                _evaluate(cfg, drafter, target, eval_prompts, eos_token_ids, res, d)
+                _evaluate(cfg, module, target, evals, res, d)
             _save(cfg, drafter, opt, sched, res, d)
     bar.close()
     return res
@@ -154,6 +172,7 @@ def train(cfg: TrainConfig, drafter: DFlashDrafter, target: HFTarget, samples: l
 
 def _train_step(cfg: TrainConfig, model: torch.nn.Module, module: BlockLoss, opt: torch.optim.Optimizer,
                 sched: Any, target: HFTarget, samples: list[Sample], step: int, d: Dist) -> dict[str, float]:
+    started = time.perf_counter()
     gen = step_generator(cfg, step, d)
     picked = [samples[i] for i in batch_indices(step, len(samples), cfg, d)]
     anchors = [sample_anchors(s.prompt_len, len(s.ids), cfg.blocks_per_seq, gen) for s in picked]
@@ -171,7 +190,8 @@ def _train_step(cfg: TrainConfig, model: torch.nn.Module, module: BlockLoss, opt
     sched.step()
     acc = expected_accept(out.correct, out.valid)
     return {"step": step + 1, "loss": float(out.loss.detach()), "acc_len": acc,
-            "grad_norm": float(gnorm), "lr": float(sched.get_last_lr()[0])}
+            "grad_norm": float(gnorm), "lr": float(sched.get_last_lr()[0]),
+            "blocks": int(out.valid.any(-1).sum()), "step_s": round(time.perf_counter() - started, 4)}
 
 
 @torch.no_grad()
@@ -192,12 +212,48 @@ def measure_tau(drafter: DFlashDrafter, target: HFTarget, prompts: list[list[int
     return committed / steps if steps else math.nan
 
 
-def _evaluate(cfg: TrainConfig, drafter: DFlashDrafter, target: HFTarget, prompts: list[list[int]],
-              eos: tuple[int, ...], res: TrainResult, d: Dist) -> None:
-    if d.main and prompts:
-        tau = measure_tau(drafter, target, prompts, eos, cfg.eval_max_new_tokens)
-        res.taus.append({"step": res.step, "tau": tau})
-        tqdm.write(f"step {res.step}: held-out tau = {tau:.3f}")
+@torch.no_grad()
+def heldout_acceptance(module: BlockLoss, samples: list[Sample], blocks_per_seq: int,
+                       seed: int = 20261204) -> tuple[float, list[float]]:
+    """Teacher-forced acceptance on held-out distilled answers, anchors drawn with a fixed seed (the same
+    blocks at every evaluation). -> (mean 1 + leading correct drafts over full blocks, per block position
+    the share of blocks whose drafts are correct up to and including it). For greedy decoding of the
+    target's own answers this is tau at random anchors, without running the target."""
+    gen = torch.Generator().manual_seed(seed)
+    was = module.training
+    module.eval()
+    runs: list[torch.Tensor] = []
+    cfgd = module.drafter.cfg
+    dev = next(module.parameters()).device
+    for i in range(0, len(samples), 4):
+        part = samples[i: i + 4]
+        anchors = [sample_anchors(s.prompt_len, len(s.ids), blocks_per_seq, gen) for s in part]
+        batch = build_batch([s.ids for s in part], anchors, [s.taps for s in part], cfgd.block_size,
+                            blocks_per_seq, int(cfgd.mask_token_id)).to(dev)
+        out = module(batch)
+        full = out.valid.all(-1)
+        runs.append(out.correct.long().cumprod(-1)[full])  # [blocks, B-1]
+    module.train(was)
+    run = torch.cat(runs).float() if runs else torch.zeros(0, cfgd.block_size - 1)
+    if not len(run):
+        return math.nan, []
+    return float(1 + run.sum(-1).mean()), [round(float(x), 4) for x in run.mean(0)]
+
+
+def _evaluate(cfg: TrainConfig, module: BlockLoss, target: HFTarget,
+              evals: tuple[list[list[int]], list[Sample], tuple[int, ...]], res: TrainResult,
+              d: Dist) -> None:
+    prompts, samples, eos = evals
+    if d.main and (prompts or samples):
+        rec: dict[str, Any] = {"step": res.step}
+        if samples:
+            acc, pos = heldout_acceptance(module, samples, cfg.blocks_per_seq)
+            rec["heldout_acc_len"], rec["heldout_pos"] = acc, pos
+        if prompts:
+            rec["tau"] = measure_tau(module.drafter, target, prompts, eos, cfg.eval_max_new_tokens)
+        res.taus.append(rec)
+        tqdm.write(f"step {res.step}: held-out " + ", ".join(f"{k} = {v:.3f}" for k, v in rec.items()
+                                                             if isinstance(v, float)))
     if d.world > 1:
         dist.barrier()
 

@@ -16,7 +16,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..core.draft_head import DraftHead
 from ..core.drafter import DFlashDrafter
+from ..core.layers import masked_attention
+from .fused_ce import fused_weighted_ce
 
 DEFAULT_GAMMA = {16: 7.0, 10: 5.0, 8: 4.0}
 IGNORE = -100
@@ -99,41 +102,54 @@ class LossOut:
 
 
 class BlockLoss(nn.Module):
-    """The drafter plus the target's frozen embedding / LM head; forward(batch) -> LossOut (DDP-able)."""
+    """The drafter plus the target's frozen embedding / LM head; forward(batch) -> LossOut (DDP-able).
+
+    The loss runs through the drafter's draft head (core.draft_head): the LM head rows of its draft
+    vocabulary if it has one, in the matmul dtype chosen for this machine. Labels outside the draft
+    vocabulary cannot be drafted: they are left out of the loss and count as misses."""
 
     def __init__(self, drafter: DFlashDrafter, embed_weight: torch.Tensor, lm_head_weight: torch.Tensor,
-                 gamma: float, head_dtype: torch.dtype = torch.float32) -> None:
+                 gamma: float, head_dtype: torch.dtype | None = None) -> None:
         super().__init__()
         self.drafter = drafter
         self.embed_weight = embed_weight.detach()  # plain attributes: frozen, not saved, not synced
-        self.head_dtype = head_dtype  # bf16 halves the cost of the 49k-vocab LM head on CPU
-        self.lm_head_weight = lm_head_weight.detach().to(head_dtype)
+        self.head = DraftHead.build(lm_head_weight, drafter.draft_vocab, head_dtype)
+        self.row_of = self.head.label_index()  # [V] token -> head row, -1 outside the draft vocabulary
         self.weights = loss_weights(drafter.cfg.block_size, gamma)
 
     def hidden(self, b: BlockBatch) -> torch.Tensor:
-        """-> final-normed drafter hidden states [S, K*B, H]."""
+        """-> final-normed drafter hidden states [S, K*B, H] (the core layer loop; the attention sees
+        every block's context keys and its own block through ``b.mask``)."""
         d = self.drafter
         pos = torch.arange(b.taps.shape[1], device=b.taps.device).expand(b.taps.shape[:2])
         ctx_k, ctx_v = d.context_kv(b.taps, pos)
-        x = F.embedding(b.block_ids, self.embed_weight) * d.cfg.input_embedding_scale
-        cos, sin = d.rope(b.block_pos, x.dtype)
-        for i, layer in enumerate(d.layers):
-            x = x + layer.self_attn(layer.input_layernorm(x), cos, sin, ctx_k[i], ctx_v[i], b.mask)
-            x = x + layer.mlp(layer.post_attention_layernorm(x))
-        return d.norm(x)
+
+        def attend(i: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+            return masked_attention(q, torch.cat([ctx_k[i], k], dim=1), torch.cat([ctx_v[i], v], dim=1),
+                                    b.mask, d.layers[i].self_attn.scale)
+
+        return d.run_layers(F.embedding(b.block_ids, self.embed_weight), b.block_pos, attend)
 
     def forward(self, b: BlockBatch) -> LossOut:
         s, k, nb1 = b.labels.shape
         h = self.hidden(b).view(s, k, nb1 + 1, -1)[:, :, 1:]  # [S, K, B-1, H]
         valid = b.labels != IGNORE
-        rows = h[valid].to(self.head_dtype)  # [N, H]: only positions with a label reach the LM head
-        logits = self.drafter.logits(rows, self.lm_head_weight).float()  # [N, V]
-        tgt = b.labels[valid]
-        ce = F.cross_entropy(logits, tgt, reduction="none")
-        w = self.weights.to(ce.device).expand(s, k, nb1)[valid]
+        tgt = self.row_of.to(b.labels.device)[b.labels[valid]]  # [N] head rows, -1: cannot be drafted
+        inside = tgt >= 0
+        w = self.weights.to(h.device).expand(s, k, nb1)[valid][inside]
+        rows = h[valid][inside]  # [n, H]: only draftable labels reach the head
+        hit = torch.zeros_like(tgt, dtype=torch.bool)
+        cfg = self.drafter.cfg
+        if cfg.final_logit_softcapping:  # tanh-capped logits: the plain autograd path
+            logits = self.drafter.logits(rows.to(self.head.weight.dtype), self.head.weight).float()  # [n, V']
+            total = (w * F.cross_entropy(logits, tgt[inside], reduction="none")).sum()
+            hit[inside] = logits.detach().argmax(-1) == tgt[inside]
+        else:
+            total, hit[inside] = fused_weighted_ce(rows, self.head.weight, tgt[inside], w,
+                                                   cfg.output_multiplier)
         correct = torch.zeros_like(valid)
-        correct[valid] = logits.argmax(-1) == tgt
-        return LossOut((w * ce).sum() / w.sum().clamp_min(1e-9), correct, valid)
+        correct[valid] = hit
+        return LossOut(total / w.sum().clamp_min(1e-9), correct, valid)
 
 
 def expected_accept(correct: torch.Tensor, valid: torch.Tensor) -> float:
@@ -143,3 +159,18 @@ def expected_accept(correct: torch.Tensor, valid: torch.Tensor) -> float:
         return math.nan
     run = correct.long().cumprod(-1).sum(-1)  # [S, K]
     return float(1 + run[full].float().mean())
+
+
+def select_draft_vocab(answers: list[torch.Tensor], size: int, vocab_size: int,
+                       always: tuple[int, ...] = ()) -> tuple[torch.Tensor, float]:
+    """The ``size`` most frequent tokens of the answers (ties: lower id), plus ``always`` (e.g. EOS).
+
+    -> (sorted ids [<= size], share of answer tokens they cover)."""
+    counts = torch.zeros(vocab_size, dtype=torch.long)
+    for a in answers:
+        counts += torch.bincount(a.long(), minlength=vocab_size)[:vocab_size]
+    score = counts.double()
+    score[list(always)] = float("inf")
+    order = torch.argsort(-score, stable=True)[:size]
+    ids = order.sort().values
+    return ids, float(counts[ids].sum()) / max(1, int(counts.sum()))

@@ -15,6 +15,7 @@ from dflash_sglang.train.recipe import (
     default_gamma,
     loss_weights,
     sample_anchors,
+    select_draft_vocab,
 )
 
 from .tiny import BLOCK, MASK, tiny_drafter, tiny_model, tiny_samples, tiny_target
@@ -124,8 +125,41 @@ def test_loss_is_the_weighted_cross_entropy() -> None:
     with torch.no_grad():
         out = loss(b)
         h = loss.hidden(b).view(2, 3, BLOCK, -1)[:, :1, 1:]  # first (only real) block of each sequence
-        logits = loss.drafter.logits(h, loss.lm_head_weight)
+        logits = loss.drafter.logits(h, loss.head.weight)
         labels = b.labels[:, :1].flatten()
         ce = torch.nn.functional.cross_entropy(logits.flatten(0, 2), labels, reduction="none")
         w = loss_weights(BLOCK, 7.0).repeat(2)
         torch.testing.assert_close(out.loss, (w * ce).sum() / w.sum())
+
+
+def test_loss_over_a_draft_vocabulary_leaves_out_what_cannot_be_drafted() -> None:
+    """With a draft vocabulary the loss is the weighted CE over its rows at the positions whose label is
+    in it; a label outside it is no loss term and always a miss."""
+    loss, samples, _ = _setup()
+    anchors = [torch.tensor([samples[0].prompt_len + 1]), torch.tensor([samples[1].prompt_len])]
+    b = _batch(samples, anchors)
+    labels = b.labels[:, :1].flatten()  # [2 * (B-1)]
+    vocab = labels.unique()[::2]  # about half the label tokens (and few others)
+    loss.drafter.draft_vocab = vocab
+    sub = BlockLoss(loss.drafter, loss.embed_weight, loss.head.weight, 7.0)
+    loss.drafter.draft_vocab = None
+    assert sub.head.size == len(vocab)
+    with torch.no_grad():
+        out = sub(b)
+        h = sub.hidden(b).view(2, 3, BLOCK, -1)[:, :1, 1:].flatten(0, 2)
+        inside = torch.isin(labels, vocab)
+        assert 0 < int(inside.sum()) < len(labels)
+        logits = sub.drafter.logits(h[inside], sub.head.weight)
+        rows = torch.searchsorted(vocab, labels[inside])
+        ce = torch.nn.functional.cross_entropy(logits, rows, reduction="none")
+        w = loss_weights(BLOCK, 7.0).repeat(2)[inside]
+        torch.testing.assert_close(out.loss, (w * ce).sum() / w.sum())
+        assert not out.correct[:, :1].flatten()[~inside].any()
+
+
+def test_draft_vocabulary_is_the_most_frequent_answer_tokens() -> None:
+    answers = [torch.tensor([5, 5, 5, 2, 2, 9]), torch.tensor([2, 7, 7, 7, 7])]
+    ids, cover = select_draft_vocab(answers, 2, 12)
+    assert ids.tolist() == [2, 7] and cover == 7 / 11  # 7 (4x), then 2 and 5 (3x each): the lower id
+    ids, cover = select_draft_vocab(answers, 2, 12, always=(9,))  # EOS-like ids always kept
+    assert ids.tolist() == [7, 9] and cover == 5 / 11

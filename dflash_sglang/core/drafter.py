@@ -13,6 +13,7 @@ The drafter owns no embedding and no LM head: it borrows the target's.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -21,7 +22,11 @@ import torch.nn.functional as F
 from torch import nn
 
 from .config import DFlashConfig, DFlashConfigError
+from .draft_head import VOCAB_FILE, load_draft_vocab, save_draft_vocab
 from .layers import RMSNorm, apply_rope, masked_attention, rope_cos_sin, visibility_mask
+
+# attend(layer index, q [..., n, h, d], k [..., n, kvh, d], v [..., n, kvh, d]) -> [..., n, h, d]
+AttendFn = Callable[[int, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 
 
 @dataclass(frozen=True)
@@ -61,23 +66,13 @@ class DraftAttention(nn.Module):
         k = apply_rope(self.k_norm(self.k_proj(x).view(shape)), cos, sin)
         return k, self.v_proj(x).view(shape)
 
-    def forward(
-        self,
-        x: torch.Tensor,  # [bs, B, H] (already input-normed)
-        cos: torch.Tensor,  # [bs, B, d]
-        sin: torch.Tensor,
-        ctx_k: torch.Tensor,  # [bs, C, kvh, d]
-        ctx_v: torch.Tensor,
-        mask: torch.Tensor,  # [bs, 1, B, C+B]
-    ) -> torch.Tensor:
-        bs, nb, _ = x.shape
-        q = self.q_norm(self.q_proj(x).view(bs, nb, self.heads, self.head_dim))
-        q = apply_rope(q, cos, sin)
+    def project_qkv(
+        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """x [..., n, H] (input-normed) -> q [..., n, h, d], k, v [..., n, kvh, d] (q, k normed, rotated)."""
+        q = self.q_norm(self.q_proj(x).view(*x.shape[:-1], self.heads, self.head_dim))
         k, v = self.project_kv(x, cos, sin)
-        k = torch.cat([ctx_k, k], dim=1)
-        v = torch.cat([ctx_v, v], dim=1)
-        out = masked_attention(q, k, v, mask, self.scale)
-        return self.o_proj(out.reshape(bs, nb, -1))
+        return apply_rope(q, cos, sin), k, v
 
 
 class DraftMLP(nn.Module):
@@ -110,6 +105,8 @@ class DFlashDrafter(nn.Module):
         self.hidden_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.layers = nn.ModuleList(DraftLayer(cfg, i) for i in range(cfg.num_hidden_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        # [V'] token ids the drafter may propose (``draft_vocab.json``; see core.draft_head); None: all
+        self.draft_vocab: torch.Tensor | None = None
 
     # --------------------------------------------------------------- context
     def fuse_context(self, taps: torch.Tensor) -> torch.Tensor:
@@ -129,27 +126,42 @@ class DFlashDrafter(nn.Module):
         return [k for k, _ in kv], [v for _, v in kv]
 
     # ----------------------------------------------------------------- block
+    def run_layers(self, block_embeds: torch.Tensor, block_positions: torch.Tensor,
+                   attend: AttendFn) -> torch.Tensor:
+        """The drafter's layer loop, the one place it is written (the reference engine, SGLang's model
+        class and training all run it): block_embeds [..., n, H] (the target's, unscaled) and
+        block_positions [..., n] -> final-normed hidden states [..., n, H]. ``attend(i, q, k, v)`` is
+        layer i's attention over the block's own q [..., n, h, d] / k, v [..., n, kvh, d] (normed and
+        rotated) plus whatever context the caller holds; it returns [..., n, h, d]."""
+        x = block_embeds * self.cfg.input_embedding_scale
+        cos, sin = self.rope(block_positions, x.dtype)
+        for i, layer in enumerate(self.layers):
+            a = layer.self_attn
+            q, k, v = a.project_qkv(layer.input_layernorm(x), cos, sin)
+            x = x + a.o_proj(attend(i, q, k, v).flatten(-2))
+            x = x + layer.mlp(layer.post_attention_layernorm(x))
+        return self.norm(x)
+
     def forward_block(
         self,
         block_embeds: torch.Tensor,  # [bs, B, H] target embeddings (unscaled)
         block_positions: torch.Tensor,  # [bs, B]
         ctx: ContextKV,
     ) -> torch.Tensor:
-        """-> final-normed hidden states [bs, B, H] for every block position."""
-        x = block_embeds * self.cfg.input_embedding_scale
-        cos, sin = self.rope(block_positions, x.dtype)
+        """-> final-normed hidden states [bs, B, H] for every block position (in-memory context KV)."""
         k_pos = torch.cat([ctx.positions, block_positions], dim=1)
         k_valid = torch.cat([ctx.valid, torch.ones_like(block_positions, dtype=torch.bool)], dim=1)
         masks: dict[tuple[bool, int | None], torch.Tensor] = {}
-        for i, layer in enumerate(self.layers):
-            attn = layer.self_attn
-            key = (attn.causal, attn.window)
+
+        def attend(i: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+            a = self.layers[i].self_attn
+            key = (a.causal, a.window)
             if key not in masks:
-                masks[key] = visibility_mask(block_positions, k_pos, k_valid, attn.causal, attn.window)
-            h = attn(layer.input_layernorm(x), cos, sin, ctx.keys[i], ctx.values[i], masks[key])
-            x = x + h
-            x = x + layer.mlp(layer.post_attention_layernorm(x))
-        return self.norm(x)
+                masks[key] = visibility_mask(block_positions, k_pos, k_valid, a.causal, a.window)
+            keys, values = torch.cat([ctx.keys[i], k], dim=1), torch.cat([ctx.values[i], v], dim=1)
+            return masked_attention(q, keys, values, masks[key], a.scale)
+
+        return self.run_layers(block_embeds, block_positions, attend)
 
     def logits(self, hidden: torch.Tensor, lm_head_weight: torch.Tensor) -> torch.Tensor:
         """hidden [..., H] -> logits [..., V] through the borrowed LM head."""
@@ -166,6 +178,7 @@ class DFlashDrafter(nn.Module):
         model = cls(cfg)
         state = load_safetensors_dir(Path(path))
         model.load_published_state(state)
+        model.draft_vocab = load_draft_vocab(path)
         return model.to(device=device, dtype=dtype).eval()
 
     def load_published_state(self, state: dict[str, torch.Tensor]) -> None:
@@ -199,6 +212,10 @@ class DFlashDrafter(nn.Module):
         if dtype is not None:
             cfg["torch_dtype"] = str(dtype).removeprefix("torch.")
         (p / "config.json").write_text(json.dumps(cfg, indent=2) + "\n")
+        if self.draft_vocab is not None:
+            save_draft_vocab(p, self.draft_vocab)
+        elif (p / VOCAB_FILE).is_file():
+            (p / VOCAB_FILE).unlink()  # a stale subset must not outlive the weights it was made for
 
 
 def _strip(name: str) -> str:

@@ -22,7 +22,6 @@ from torch import nn
 
 from ..core.config import DFlashConfig
 from ..core.drafter import DFlashDrafter
-from ..core.layers import apply_rope
 
 
 class DFlashDraftModel(nn.Module):
@@ -60,18 +59,15 @@ class DFlashDraftModel(nn.Module):
         if input_embeds is None:
             raise ValueError("DFlashDraftModel needs input_embeds (the target's embeddings of the block)")
         d = self.drafter
-        x = input_embeds.to(d.fc.weight.dtype) * self.cfg.input_embedding_scale
-        cos, sin = d.rope(positions, x.dtype)  # [N, head_dim]
-        for layer, attn in zip(d.layers, self.attn, strict=True):
-            a = layer.self_attn
-            h = layer.input_layernorm(x)
-            q = apply_rope(a.q_norm(a.q_proj(h).view(-1, a.heads, a.head_dim)), cos, sin)
-            k, v = a.project_kv(h, cos, sin)  # [N, kvh, d]
-            o = attn(q.reshape(q.shape[0], -1), k.reshape(k.shape[0], -1), v.reshape(v.shape[0], -1),
-                     forward_batch)
-            x = x + a.o_proj(o.reshape(x.shape[0], -1))
-            x = x + layer.mlp(layer.post_attention_layernorm(x))
-        return LogitsProcessorOutput(next_token_logits=None, hidden_states=d.norm(x))
+        n = input_embeds.shape[0]
+
+        def attend(i: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+            a = d.layers[i].self_attn  # RadixAttention: [context slots ; block] from the draft KV pool
+            o = self.attn[i](q.reshape(n, -1), k.reshape(n, -1), v.reshape(n, -1), forward_batch)
+            return o.view(n, a.heads, a.head_dim)
+
+        hidden = d.run_layers(input_embeds.to(d.fc.weight.dtype), positions, attend)
+        return LogitsProcessorOutput(next_token_logits=None, hidden_states=hidden)
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
         self.drafter.load_published_state(dict(weights))

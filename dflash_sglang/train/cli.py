@@ -61,8 +61,12 @@ def add_train_parser(sub: argparse._SubParsersAction) -> None:
     m.add_argument("--intermediate-size", type=int, default=None)
     m.add_argument("--mask-token-id", type=int, default=None, help="default: the tokenizer's unk/eos id")
     m.add_argument("--draft-vocab", type=int, default=None,
-                   help="draft vocabulary: the N most frequent answer tokens (0: the whole vocabulary; "
-                        "default: the --init-from checkpoint's, else the whole vocabulary)")
+                   help="draft vocabulary (what the drafter may propose when serving): the N most frequent "
+                        "answer tokens (0: the whole vocabulary; default: the --init-from checkpoint's, else "
+                        "the whole vocabulary)")
+    m.add_argument("--train-vocab", type=int, default=0,
+                   help="softmax of the loss over the N most frequent answer tokens plus the batch's labels "
+                        "(a sampled softmax; 0: over the draft vocabulary, exact)")
     o = p.add_argument_group("optimisation (TrainConfig)")
     for f in fields(TrainConfig):
         if f.metadata.get("cli"):
@@ -127,6 +131,8 @@ def run_train(a: argparse.Namespace) -> int:
         drafter = init_from_target(random_drafter(dcfg, a.seed), model)
     if a.draft_vocab is not None:
         drafter.draft_vocab = _draft_vocab(a.draft_vocab, samples, model.config.vocab_size, eos, d.main)
+    train_vocab = _draft_vocab(a.train_vocab, samples, model.config.vocab_size, eos, d.main) \
+        if a.train_vocab else None
     eval_s = None
     if a.eval_store:
         from .distill_store import DistillStore
@@ -135,7 +141,7 @@ def run_train(a: argparse.Namespace) -> int:
         held.fill_taps(target)
         eval_s = held.training_samples(target.tap_layer_ids)
     t0 = time.perf_counter()
-    res = train(cfg, drafter, target, samples, eval_p, eos, eval_s)
+    res = train(cfg, drafter, target, samples, eval_p, eos, eval_s, train_vocab)
     last = {k: v for k, v in (res.taus[-1] if res.taus else {}).items() if isinstance(v, float)}
     _log(d.main, f"trained {res.step} steps in {time.perf_counter() - t0:.0f}s -> {a.out}"
                  + "".join(f"; held-out {k} {v:.3f}" for k, v in last.items()))
@@ -190,7 +196,7 @@ def _draft_vocab(size: int, samples: list, vocab_size: int, eos: tuple[int, ...]
     if size <= 0 or size >= vocab_size:
         return None
     ids, cover = select_draft_vocab([s.ids[s.prompt_len:] for s in samples], size, vocab_size, eos)
-    _log(main, f"draft vocabulary: {len(ids)} of {vocab_size} tokens, covering {100 * cover:.2f}% of the "
+    _log(main, f"vocabulary subset: {len(ids)} of {vocab_size} tokens, covering {100 * cover:.2f}% of the "
                "training answers' tokens")
     return ids
 

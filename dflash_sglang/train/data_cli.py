@@ -38,6 +38,8 @@ def add_distill_parser(sub: argparse._SubParsersAction) -> None:
                    help="comma-separated tap layer ids whose features to cache beside the store "
                         "('default': the drafter default for this target; 'none': ids only)")
     p.add_argument("--limit", type=int, default=None, help="first N prompts of the stratified order")
+    p.add_argument("--split", default="train", choices=["train", "heldout"],
+                   help="corpus rows to answer (heldout: an evaluation store, never trained on)")
     p.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32", help="the target's dtype")
     p.add_argument("--threads", type=int, default=None, help="torch intra-op threads")
     p.set_defaults(func=run_distill)
@@ -62,7 +64,7 @@ def run_distill(a: argparse.Namespace) -> int:
     eos = eos_token_ids(model, tok)
     meta = target_meta(a.target, a.dtype, a.max_new_tokens, eos, model.config.vocab_size)
     store = DistillStore.create_or_open(a.out, meta)
-    todo = pending(load_corpus(corpus), store.keys(), a.limit)
+    todo = pending(load_corpus(corpus), store.keys(), a.limit, a.split)
     log = lambda m: print(m, file=sys.stderr, flush=True)
     log(f"distill: {len(todo)} prompts to answer -> {a.out} ({store.stats()['sequences']} already stored)")
     taps = parse_taps(a.taps, model.config)

@@ -43,9 +43,9 @@ def stratified_order(tasks: Sequence[str]) -> list[int]:
     return [i for _, _, i in sorted(score)]
 
 
-def pending(rows: Sequence[dict], done: set[int], limit: int | None) -> list[Todo]:
-    """The first ``limit`` train rows in stratified order, minus those already answered."""
-    train = [i for i, r in enumerate(rows) if r.get("split", "train") == "train"]
+def pending(rows: Sequence[dict], done: set[int], limit: int | None, split: str = "train") -> list[Todo]:
+    """The first ``limit`` rows of ``split`` in stratified order, minus those already answered."""
+    train = [i for i, r in enumerate(rows) if r.get("split", "train") == split]
     order = [train[j] for j in stratified_order([rows[i].get("task", "") for i in train])][:limit]
     todo = [Todo(i, rows[i]["prompt"], prompt_key(rows[i]["prompt"])) for i in order]
     return [t for t in todo if t.key not in done]

@@ -132,17 +132,17 @@ def step_generator(cfg: TrainConfig, step: int, d: Dist) -> torch.Generator:
 
 def train(cfg: TrainConfig, drafter: DFlashDrafter, target: HFTarget, samples: list[Sample],
           eval_prompts: list[list[int]], eos_token_ids: tuple[int, ...],
-          eval_samples: list[Sample] | None = None) -> TrainResult:
+          eval_samples: list[Sample] | None = None, train_vocab: torch.Tensor | None = None) -> TrainResult:
     """Trains ``drafter`` on ``samples``. Evaluation (every cfg.eval_every steps and at the end): greedy
     tau on ``eval_prompts`` (reference engine) and the teacher-forced acceptance on ``eval_samples``
-    (held-out distilled answers, fixed anchors)."""
+    (held-out distilled answers, fixed anchors). ``train_vocab``: see :class:`BlockLoss`."""
     d = init_distributed(cfg.device)
     dev = rank_device(cfg.device, d)
     torch.manual_seed(cfg.seed)
     gamma = cfg.gamma or default_gamma(drafter.cfg.block_size)
     head_dtype = None if cfg.head_dtype == "auto" else getattr(torch, cfg.head_dtype)
     module = BlockLoss(drafter.to(dev).float().train(), target.embed_weight, target.lm_head_weight, gamma,
-                       head_dtype)
+                       head_dtype, train_vocab)
     model: torch.nn.Module = module
     if d.world > 1:
         model = torch.nn.parallel.DistributedDataParallel(module)
@@ -152,6 +152,9 @@ def train(cfg: TrainConfig, drafter: DFlashDrafter, target: HFTarget, samples: l
     res = _load_state(cfg, drafter, opt, sched) if cfg.resume else TrainResult(0)
     last = min(cfg.steps, cfg.stop_at or cfg.steps)
     bar = tqdm(total=cfg.steps, initial=res.step, desc="train", disable=not (cfg.show_progress and d.main))
+    evals = (eval_prompts, eval_samples or [], eos_token_ids)
+    if cfg.eval_every and res.step == 0:  # the starting point (a warm start's, or a random drafter's)
+        _evaluate(cfg, module, target, evals, res, d)
     while res.step < last:
         rec = _train_step(cfg, model, module, opt, sched, target, samples, res.step, d)
         res.step += 1
@@ -159,7 +162,6 @@ def train(cfg: TrainConfig, drafter: DFlashDrafter, target: HFTarget, samples: l
         res.history.append(rec)
         if res.step % cfg.log_every == 0 or res.step == last:
             bar.set_postfix(loss=f"{rec['loss']:.3f}", acc_len=f"{rec['acc_len']:.2f}")
-        evals = (eval_prompts, eval_samples or [], eos_token_ids)
         if cfg.eval_every and res.step % cfg.eval_every == 0 and res.step < cfg.steps:
             _evaluate(cfg, module, target, evals, res, d)
         if res.step % cfg.save_every == 0 or res.step == last:
@@ -230,9 +232,8 @@ def heldout_acceptance(module: BlockLoss, samples: list[Sample], blocks_per_seq:
         anchors = [sample_anchors(s.prompt_len, len(s.ids), blocks_per_seq, gen) for s in part]
         batch = build_batch([s.ids for s in part], anchors, [s.taps for s in part], cfgd.block_size,
                             blocks_per_seq, int(cfgd.mask_token_id)).to(dev)
-        out = module(batch)
-        full = out.valid.all(-1)
-        runs.append(out.correct.long().cumprod(-1)[full])  # [blocks, B-1]
+        correct, valid = module.draft_hits(batch)  # as served: the drafter's own draft head
+        runs.append(correct.long().cumprod(-1)[valid.all(-1)])  # [blocks, B-1]
     module.train(was)
     run = torch.cat(runs).float() if runs else torch.zeros(0, cfgd.block_size - 1)
     if not len(run):

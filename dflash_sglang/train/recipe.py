@@ -104,17 +104,25 @@ class LossOut:
 class BlockLoss(nn.Module):
     """The drafter plus the target's frozen embedding / LM head; forward(batch) -> LossOut (DDP-able).
 
-    The loss runs through the drafter's draft head (core.draft_head): the LM head rows of its draft
-    vocabulary if it has one, in the matmul dtype chosen for this machine. Labels outside the draft
-    vocabulary cannot be drafted: they are left out of the loss and count as misses."""
+    Which LM-head rows the softmax runs over:
+      * ``train_vocab`` None: the drafter's draft head (core.draft_head), i.e. every row, or the rows
+        of its draft vocabulary if it has one; a label outside that vocabulary cannot be drafted, so it
+        is left out of the loss and counts as a miss. With neither, this is the exact cross-entropy.
+      * ``train_vocab`` [K] ids (the frequent tokens): per step, those rows plus every label of the
+        batch, so no label is ever dropped; rare tokens meet the softmax only where they are labels
+        (a sampled softmax with the frequent negatives always present).
+    Hits (``LossOut.correct``) are top-1 over the same rows; :meth:`draft_hits` scores with the head
+    the drafter will actually draft from."""
 
     def __init__(self, drafter: DFlashDrafter, embed_weight: torch.Tensor, lm_head_weight: torch.Tensor,
-                 gamma: float, head_dtype: torch.dtype | None = None) -> None:
+                 gamma: float, head_dtype: torch.dtype | None = None,
+                 train_vocab: torch.Tensor | None = None) -> None:
         super().__init__()
         self.drafter = drafter
         self.embed_weight = embed_weight.detach()  # plain attributes: frozen, not saved, not synced
         self.head = DraftHead.build(lm_head_weight, drafter.draft_vocab, head_dtype)
-        self.row_of = self.head.label_index()  # [V] token -> head row, -1 outside the draft vocabulary
+        self.full = DraftHead.build(lm_head_weight, None, head_dtype) if train_vocab is not None else None
+        self.train_vocab = None if train_vocab is None else train_vocab.sort().values
         self.weights = loss_weights(drafter.cfg.block_size, gamma)
 
     def hidden(self, b: BlockBatch) -> torch.Tensor:
@@ -130,26 +138,44 @@ class BlockLoss(nn.Module):
 
         return d.run_layers(F.embedding(b.block_ids, self.embed_weight), b.block_pos, attend)
 
+    def _softmax_rows(self, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """labels [N] token ids -> (head weight rows [V'', H], each label's row [N], -1 outside)."""
+        if self.train_vocab is None:
+            return self.head.weight, self.head.label_index()[labels]
+        ids = torch.cat([self.train_vocab.to(labels.device), labels]).unique()  # sorted
+        return self.full.weight[ids], torch.searchsorted(ids, labels)
+
     def forward(self, b: BlockBatch) -> LossOut:
         s, k, nb1 = b.labels.shape
         h = self.hidden(b).view(s, k, nb1 + 1, -1)[:, :, 1:]  # [S, K, B-1, H]
         valid = b.labels != IGNORE
-        tgt = self.row_of.to(b.labels.device)[b.labels[valid]]  # [N] head rows, -1: cannot be drafted
+        weight, tgt = self._softmax_rows(b.labels[valid])  # tgt [N]: rows, -1 = cannot be drafted
         inside = tgt >= 0
         w = self.weights.to(h.device).expand(s, k, nb1)[valid][inside]
-        rows = h[valid][inside]  # [n, H]: only draftable labels reach the head
+        rows = h[valid][inside]  # [n, H]: only labels with a row reach the head
         hit = torch.zeros_like(tgt, dtype=torch.bool)
         cfg = self.drafter.cfg
         if cfg.final_logit_softcapping:  # tanh-capped logits: the plain autograd path
-            logits = self.drafter.logits(rows.to(self.head.weight.dtype), self.head.weight).float()  # [n, V']
+            logits = self.drafter.logits(rows.to(weight.dtype), weight).float()  # [n, V'']
             total = (w * F.cross_entropy(logits, tgt[inside], reduction="none")).sum()
             hit[inside] = logits.detach().argmax(-1) == tgt[inside]
         else:
-            total, hit[inside] = fused_weighted_ce(rows, self.head.weight, tgt[inside], w,
-                                                   cfg.output_multiplier)
+            total, hit[inside] = fused_weighted_ce(rows, weight, tgt[inside], w, cfg.output_multiplier)
         correct = torch.zeros_like(valid)
         correct[valid] = hit
         return LossOut(total / w.sum().clamp_min(1e-9), correct, valid)
+
+    @torch.no_grad()
+    def draft_hits(self, b: BlockBatch) -> tuple[torch.Tensor, torch.Tensor]:
+        """Top-1 hits [S, K, B-1] of the drafter's own draft head (what it proposes when serving), and
+        the valid mask."""
+        s, k, nb1 = b.labels.shape
+        h = self.hidden(b).view(s, k, nb1 + 1, -1)[:, :, 1:]
+        valid = b.labels != IGNORE
+        logits = self.drafter.logits(h[valid].to(self.head.weight.dtype), self.head.weight)
+        correct = torch.zeros_like(valid)
+        correct[valid] = self.head.to_tokens(logits.argmax(-1)) == b.labels[valid]
+        return correct, valid
 
 
 def expected_accept(correct: torch.Tensor, valid: torch.Tensor) -> float:

@@ -157,6 +157,28 @@ def test_loss_over_a_draft_vocabulary_leaves_out_what_cannot_be_drafted() -> Non
         assert not out.correct[:, :1].flatten()[~inside].any()
 
 
+def test_train_vocabulary_adds_the_batch_labels_so_none_is_dropped() -> None:
+    """A sampled softmax: the CE over (frequent tokens + every label of the batch), every label a term;
+    draft_hits still score with the drafter's own (full) head."""
+    loss, samples, _ = _setup()
+    anchors = [torch.tensor([samples[0].prompt_len + 1]), torch.tensor([samples[1].prompt_len])]
+    b = _batch(samples, anchors)
+    labels = b.labels[:, :1].flatten()
+    frequent = torch.tensor([0, 1, 2, 3])
+    sub = BlockLoss(loss.drafter, loss.embed_weight, loss.head.weight, 7.0, train_vocab=frequent)
+    with torch.no_grad():
+        out = sub(b)
+        rows = torch.cat([frequent, labels]).unique()
+        h = sub.hidden(b).view(2, 3, BLOCK, -1)[:, :1, 1:].flatten(0, 2)
+        logits = sub.drafter.logits(h, loss.head.weight[rows])
+        ce = torch.nn.functional.cross_entropy(logits, torch.searchsorted(rows, labels), reduction="none")
+        w = loss_weights(BLOCK, 7.0).repeat(2)
+        torch.testing.assert_close(out.loss, (w * ce).sum() / w.sum())
+        hits, valid = sub.draft_hits(b)
+        full = sub.drafter.logits(h, loss.head.weight).argmax(-1) == labels
+        assert torch.equal(hits[:, :1].flatten(), full) and valid[:, :1].all()
+
+
 def test_draft_vocabulary_is_the_most_frequent_answer_tokens() -> None:
     answers = [torch.tensor([5, 5, 5, 2, 2, 9]), torch.tensor([2, 7, 7, 7, 7])]
     ids, cover = select_draft_vocab(answers, 2, 12)

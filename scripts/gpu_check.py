@@ -54,21 +54,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return ap.parse_args(argv)
 
 
-def _load_repo_kernels(repo: Path):  # noqa: ANN202
-    """Import the repo's kernels/ folder as ``dflash_kernels`` without installing the project."""
-    import importlib.util
-
-    folder = repo / "kernels" / "dflash_kernels"
-    spec = importlib.util.spec_from_file_location(
-        "dflash_kernels", folder / "__init__.py", submodule_search_locations=[str(folder)]
-    )
-    assert spec is not None and spec.loader is not None
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules["dflash_kernels"] = mod
-    spec.loader.exec_module(mod)
-    return mod
-
-
 ARGS = parse_args()
 if ARGS.dry_run:  # must precede the first import of triton / kernels (kernels specialise at import)
     os.environ["TRITON_INTERPRET"] = "1"
@@ -78,7 +63,7 @@ import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 import triton  # noqa: E402
 
-kernels = _load_repo_kernels(REPO)
+import dflash_sglang.kernels as kernels  # noqa: E402
 from dflash_sglang.core import kernel_ref as ref  # noqa: E402
 from dflash_sglang.core.config import DFlashConfig  # noqa: E402
 from dflash_sglang.core.drafter import ContextKV, DFlashDrafter  # noqa: E402
@@ -370,7 +355,7 @@ def drafter_config(sh: Shapes) -> DFlashConfig:
 
 
 def _rms(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
-    return ref.rms_norm_like_layers(x, w, eps)
+    return ref.rms_norm(x, w, eps)
 
 
 class DenseTarget:

@@ -27,8 +27,8 @@ from collections.abc import Sequence
 
 import torch
 
-from .layers import apply_rope, rope_cos_sin
-from .verify import PAD_TOKEN, VerifyResult
+from .layers import apply_rope, rms_norm, rope_cos_sin
+from .verify import VerifyResult, leading_true_count, result_from_accept
 
 # Fixed-point scale of the bonus sampler: residual probabilities are truncated to multiples of 2^-40.
 FIXED_POINT_BITS = 40
@@ -61,13 +61,6 @@ def project_context_kv(
     return out.view(c.shape[0], num_layers, 2, kv_heads, -1)
 
 
-def rms_norm_like_layers(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """``layers.RMSNorm.forward`` as a function: fp32 statistics, round to x.dtype, then * weight."""
-    x32 = x.float()
-    x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)
-    return weight * x32.to(x.dtype)
-
-
 def context_k_v_ref(
     kv: torch.Tensor, k_norm_weight: torch.Tensor, positions: torch.Tensor, rope_theta: float, eps: float
 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -77,7 +70,7 @@ def context_k_v_ref(
     w = k_norm_weight.to(kv.dtype)[None, :, None, :]  # [1, L, 1, d]; weight in activation dtype
     cos, sin = rope_cos_sin(positions, d, rope_theta, kv.dtype)  # [N, d]
     # apply_rope broadcasts cos[..., n, None, :] over heads: put L in front of N.
-    k = apply_rope(rms_norm_like_layers(k, w, eps).transpose(0, 1), cos, sin).transpose(0, 1)
+    k = apply_rope(rms_norm(k, w, eps).transpose(0, 1), cos, sin).transpose(0, 1)
     return k, v
 
 
@@ -113,23 +106,6 @@ def _valid_len(valid_len: torch.Tensor | None, bs: int, block: int, device: torc
     return valid_len.long().clamp(1, block)
 
 
-def _leading_true_count(ok: torch.Tensor) -> torch.Tensor:
-    return ok.long().cumprod(dim=-1).sum(dim=-1)
-
-
-def result_from_accept(
-    block_tokens: torch.Tensor, accept_len: torch.Tensor, bonus: torch.Tensor
-) -> VerifyResult:
-    """committed[b] = drafts[:accept_len] + [bonus] padded with -1 to B columns (int64 everywhere)."""
-    bs, block = block_tokens.shape
-    pad = torch.full((bs, 1), PAD_TOKEN, dtype=torch.int64, device=block_tokens.device)
-    drafts = torch.cat([block_tokens[:, 1:].long(), pad], dim=1)  # column k = block position k+1
-    col = torch.arange(block, device=block_tokens.device).view(1, -1)
-    al = accept_len.view(-1, 1)
-    committed = torch.where(col < al, drafts, torch.where(col == al, bonus.view(-1, 1), pad))
-    return VerifyResult(accept_len=accept_len, bonus=bonus, committed=committed, num_committed=accept_len + 1)
-
-
 def greedy_accept_ref(
     block_tokens: torch.Tensor,  # [bs, B] int: [last committed, B-1 drafts]
     target_ids: torch.Tensor,  # [bs, B] int: argmax of target row i (predicts block position i+1)
@@ -140,7 +116,7 @@ def greedy_accept_ref(
     vl = _valid_len(valid_len, bs, block, block_tokens.device)
     col = torch.arange(block - 1, device=block_tokens.device).view(1, -1)
     ok = (block_tokens[:, 1:].long() == target_ids[:, :-1].long()) & (col < (vl - 1).view(-1, 1))
-    accept_len = _leading_true_count(ok)
+    accept_len = leading_true_count(ok)
     bonus = target_ids.long().gather(1, accept_len.view(-1, 1)).squeeze(1)
     return result_from_accept(block_tokens, accept_len, bonus)
 
@@ -200,7 +176,7 @@ def chain_rejection_ref(
     p_d = _draft_probs_at(target_probs[:, :-1], drafts, in_range)  # [bs, B-1]
     q_d = _draft_probs_at(draft_probs, drafts, in_range)
     ok = (uniforms.float() * q_d < p_d) & valid
-    accept_len = _leading_true_count(ok)
+    accept_len = leading_true_count(ok)
 
     rows = torch.arange(bs, device=device)
     p_row = target_probs[rows, accept_len].float().clamp(min=0)  # [bs, V]

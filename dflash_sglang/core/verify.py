@@ -38,7 +38,7 @@ def _check_shapes(block_tokens: torch.Tensor, target: torch.Tensor) -> None:
         raise ValueError(f"target must be [bs, B, V] matching block {tuple(block_tokens.shape)}")
 
 
-def _leading_true_count(ok: torch.Tensor) -> torch.Tensor:
+def leading_true_count(ok: torch.Tensor) -> torch.Tensor:
     """ok: [bs, n] bool -> [bs] int64 length of the all-True prefix (0 when n == 0)."""
     return ok.long().cumprod(dim=-1).sum(dim=-1)
 
@@ -49,7 +49,9 @@ def _row_at(x: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
     return x.gather(1, idx).squeeze(1)
 
 
-def _make_result(block_tokens: torch.Tensor, accept_len: torch.Tensor, bonus: torch.Tensor) -> VerifyResult:
+def result_from_accept(block_tokens: torch.Tensor, accept_len: torch.Tensor,
+                       bonus: torch.Tensor) -> VerifyResult:
+    """committed[b] = drafts[:accept_len] + [bonus], padded with -1 to B columns (int64 everywhere)."""
     bs, block = block_tokens.shape
     pad = torch.full((bs, 1), PAD_TOKEN, dtype=torch.int64, device=block_tokens.device)
     drafts = torch.cat([block_tokens[:, 1:].long(), pad], dim=1)  # [bs, B], slot k = block position k+1
@@ -63,9 +65,9 @@ def greedy_verify(block_tokens: torch.Tensor, target_logits: torch.Tensor) -> Ve
     """Accept the longest prefix of drafts equal to the target argmax; bonus = argmax of row accept_len."""
     _check_shapes(block_tokens, target_logits)
     target_ids = target_logits.argmax(dim=-1)  # [bs, B]
-    accept_len = _leading_true_count(block_tokens[:, 1:] == target_ids[:, :-1])  # [bs]
+    accept_len = leading_true_count(block_tokens[:, 1:] == target_ids[:, :-1])  # [bs]
     bonus = target_ids.gather(1, accept_len.view(-1, 1)).squeeze(1)  # [bs]
-    return _make_result(block_tokens, accept_len, bonus)
+    return result_from_accept(block_tokens, accept_len, bonus)
 
 
 def _accept_prefix(
@@ -77,7 +79,7 @@ def _accept_prefix(
     q = 0 with p > 0 always accepts, p = 0 always rejects (u * q >= 0). Returns accept_len [bs].
     """
     u = torch.rand(p_draft.shape, generator=generator, device=p_draft.device)  # [bs, B-1] in [0, 1)
-    return _leading_true_count(u * q_draft < p_draft)
+    return leading_true_count(u * q_draft < p_draft)
 
 
 def _sample_residual(
@@ -120,7 +122,7 @@ def rejection_verify(
         q_row = _row_at(draft_probs, accept_len.clamp(max=block - 2))  # [bs, V], q at the rejection
         residual = torch.where(rejected, (p_row - q_row).clamp(min=0), p_row)
     bonus = _sample_residual(residual, p_row, generator)
-    return _make_result(block_tokens, accept_len, bonus)
+    return result_from_accept(block_tokens, accept_len, bonus)
 
 
 def target_only_verify(
@@ -145,7 +147,7 @@ def target_only_verify(
         rejected_tok = drafts.long().gather(1, accept_len.clamp(max=block - 2).view(-1, 1))  # [bs, 1]
         residual = torch.where(rejected, p_row.scatter(-1, rejected_tok, 0.0), p_row)
     bonus = _sample_residual(residual, p_row, generator)
-    return _make_result(block_tokens, accept_len, bonus)
+    return result_from_accept(block_tokens, accept_len, bonus)
 
 
 def _select(use_a: torch.Tensor, a: VerifyResult, b: VerifyResult) -> VerifyResult:

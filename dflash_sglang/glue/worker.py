@@ -32,6 +32,7 @@ from ..core.sampling import probs_from_logits, sample_from_probs
 from ..core.verify import verify
 from ..settings import settings
 from .batch_math import Block, committed_rows, extend_positions, make_block, sampling_from_sglang
+from .kernel_choice import choose_kernels
 from .logit_adjust import adjust_block_logits, needs_adjustment
 from .sglang_drafter import DFlashDraftModel
 from .streams import StreamPlan
@@ -68,11 +69,13 @@ class DFlashWorker(BaseSpecWorker):
         self.sampling_mode = settings().sampling  # "rejection" | "target_only"
         self.generator = torch.Generator(device=self.device).manual_seed(int(server_args.random_seed or 0))
         self.streams = StreamPlan.for_device(self.device)
+        self.kernels = choose_kernels(self.device)  # Triton on CUDA, torch elsewhere: chosen once
         self.policy = _block_policy(self.block_size, self.device)
         self.stats = {"injected": 0, "draft_forwards": 0, "switches_logged": 0}
         logger.info("dflash-sglang: our DFlash worker runs (block %d, taps %s, sampling %s, streams %s, "
-                    "adaptive block %s)", self.block_size, list(self.draft_model.cfg.target_layer_ids),
-                    self.sampling_mode, self.streams.kind, "on" if self.policy else "off")
+                    "adaptive block %s, kernels %s, draft vocabulary %d)", self.block_size,
+                    list(self.draft_model.cfg.target_layer_ids), self.sampling_mode, self.streams.kind,
+                    "on" if self.policy else "off", self.kernels.name, self.head.size)
 
     # ------------------------------------------------------------------ SGLang API
     def weight_update_runners(self) -> list[tuple[str, Any]]:
@@ -140,7 +143,10 @@ class DFlashWorker(BaseSpecWorker):
         logits, taps, logits_output = self._verify_target(batch, block, host_lens)
         if needs_adjustment(batch):  # penalties, logit_bias, custom processors
             logits = adjust_block_logits(batch, block.tokens, logits.view(bs, nb, -1)).view(bs * nb, -1)
-        res = verify(block.tokens, logits.view(bs, nb, -1), sampling, draft_probs, self.generator)
+        if batch.sampling_info.is_all_greedy:  # host flag SGLang keeps: no device sync to decide
+            res = self.kernels.greedy_accept(block.tokens, logits.view(bs, nb, -1).argmax(-1))
+        else:
+            res = verify(block.tokens, logits.view(bs, nb, -1), sampling, draft_probs, self.generator)
         if self.policy:
             self._record_policy(bs, nb, res.accept_len, _elapsed(started, self.device))
         new_lens = prefix + res.num_committed
@@ -172,7 +178,7 @@ class DFlashWorker(BaseSpecWorker):
         hidden = hidden.view(block.tokens.shape[0], nb, -1)[:, 1:]
         self.head = self.head.refreshed(self.lm_head_weight)  # follows in-place weight updates
         logits = self.draft_model.drafter.logits(hidden.to(self.head.weight.dtype), self.head.weight)
-        if self.sampling_mode == "target_only" or bool(sampling.is_greedy.all()):
+        if self.sampling_mode == "target_only" or batch.sampling_info.is_all_greedy:
             block.tokens[:, 1:] = self.head.to_tokens(logits.argmax(-1))
             return None
         q = probs_from_logits(logits.float(), sampling)  # [bs, B-1, V']
@@ -207,7 +213,7 @@ class DFlashWorker(BaseSpecWorker):
                         block, bucket, step, self.policy.summary().get(str(bucket)))
 
     def _inject(self, taps: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor) -> None:
-        self.draft_model.inject_context(taps, positions, slots, self.draft_runner.token_to_kv_pool)
+        self.kernels.inject(self.draft_model, taps, positions, slots, self.draft_runner.token_to_kv_pool)
         self.stats["injected"] += int(slots.numel())
 
 

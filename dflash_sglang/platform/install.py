@@ -44,7 +44,7 @@ def install() -> None:
     from dflash_sglang.platform.allocator import tune_allocator
 
     tune_allocator()
-    from dflash_patches import apply_all
+    from dflash_sglang.platform.patches import apply_all
 
     apply_all()
     _installed = True

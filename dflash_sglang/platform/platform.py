@@ -65,14 +65,14 @@ class DFlashCpuPlatform(CpuDeviceMixin, SRTPlatform):
         return "eager"
 
     def get_speculative_cache_locs_fn(self) -> Any:
-        from dflash_patches.cache_locs import assign_extend_cache_locs_torch
+        from dflash_sglang.platform.patches.cache_locs import assign_extend_cache_locs_torch
 
         return assign_extend_cache_locs_torch
 
     def get_kv_pool_cls(self, *, kind: str) -> type | None:
         if kind != "mha":
             return None  # MLA/DSA pools: in-tree classes (untested here)
-        from dflash_patches.kv_pool import TorchMoveMHATokenToKVPool
+        from dflash_sglang.platform.patches.kv_pool import TorchMoveMHATokenToKVPool
 
         return TorchMoveMHATokenToKVPool
 

@@ -6,13 +6,13 @@ import pytest
 import torch
 from kernel_test_helpers import gen, tiny_drafter
 
-from dflash_kernels import context_kv_to_pool, drafter_context_kv_to_pool
 from dflash_sglang.core.kernel_ref import (
     context_k_v_ref,
     context_kv_to_pool_ref,
     project_context_kv,
     stacked_kv_weights,
 )
+from dflash_sglang.kernels import context_kv_to_pool, drafter_context_kv_to_pool
 
 THETA, EPS = 1e6, 1e-6
 

@@ -11,9 +11,9 @@ import pytest
 import torch
 from kernel_test_helpers import gen
 
-from dflash_kernels import greedy_accept
 from dflash_sglang.core.kernel_ref import greedy_accept_ref
 from dflash_sglang.core.verify import PAD_TOKEN, VerifyResult, greedy_verify
+from dflash_sglang.kernels import greedy_accept
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -111,7 +111,7 @@ def test_wrapper_rejects_bad_arguments(block, target, valid, match: str) -> None
 def test_cpu_tensors_without_interpreter_are_refused() -> None:
     """Compiled (non-interpreted) kernels get a clear error for CPU tensors instead of a crash."""
     code = (
-        "import torch, dflash_kernels as kernels\n"
+        "import torch, dflash_sglang.kernels as kernels\n"
         "z = torch.zeros(1, 2, dtype=torch.int64)\n"
         "try:\n"
         "    kernels.greedy_accept(z, z)\n"

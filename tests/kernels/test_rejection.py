@@ -7,7 +7,6 @@ import torch
 from kernel_test_helpers import gen
 from scipy.stats import chi2
 
-from dflash_kernels import chain_rejection
 from dflash_sglang.core.kernel_ref import (
     FIXED_POINT_SCALE,
     chain_rejection_ref,
@@ -15,6 +14,7 @@ from dflash_sglang.core.kernel_ref import (
     to_fixed_point,
 )
 from dflash_sglang.core.verify import VerifyResult
+from dflash_sglang.kernels import chain_rejection
 
 
 def _probs(shape: tuple[int, ...], g: torch.Generator, temp: float = 1.0) -> torch.Tensor:

@@ -49,7 +49,7 @@ def random_tree_mask(bs: int, n: int, gen: torch.Generator) -> torch.Tensor:
 
 @pytest.mark.parametrize("n", [1, 4, 8])
 def test_reconstruct_tree_matches_naive(n: int) -> None:
-    from dflash_patches.reconstruct_tree import reconstruct_indices_from_tree_mask_torch
+    from dflash_sglang.platform.patches.reconstruct_tree import reconstruct_indices_from_tree_mask_torch
 
     gen = torch.Generator().manual_seed(n)
     bs = 3
@@ -71,7 +71,7 @@ def test_reconstruct_tree_matches_naive(n: int) -> None:
 
 def test_reconstruct_tree_apply_makes_module_importable_without_sgl_kernel() -> None:
     """After apply(), the SGLang module imports, calls our op, and sys.modules is left clean."""
-    from dflash_patches import reconstruct_tree
+    from dflash_sglang.platform.patches import reconstruct_tree
 
     had_sgl_kernel = "sgl_kernel" in sys.modules
     reconstruct_tree.apply()
@@ -99,7 +99,7 @@ def naive_windows(req_pool: list[int], start: list[int], end: list[int]) -> list
 
 
 def test_assign_extend_cache_locs_matches_naive() -> None:
-    from dflash_patches.cache_locs import assign_extend_cache_locs_torch
+    from dflash_sglang.platform.patches.cache_locs import assign_extend_cache_locs_torch
 
     req_to_token = torch.arange(5 * 40, dtype=torch.int32).view(5, 40)
     req_pool, start, end = [3, 0, 4], [7, 0, 30], [11, 4, 34]  # 4 draft slots each
@@ -117,7 +117,7 @@ def test_assign_extend_cache_locs_matches_naive() -> None:
 
 
 def test_assign_req_to_token_pool_matches_naive() -> None:
-    from dflash_patches.cache_locs import assign_req_to_token_pool_torch
+    from dflash_sglang.platform.patches.cache_locs import assign_req_to_token_pool_torch
 
     req_to_token = torch.zeros(4, 20, dtype=torch.int32)
     expected = req_to_token.clone()
@@ -132,7 +132,7 @@ def test_assign_req_to_token_pool_matches_naive() -> None:
 
 
 def test_fill_front_out_cache_loc_matches_naive() -> None:
-    from dflash_patches.cache_locs import fill_front_out_cache_loc_torch
+    from dflash_sglang.platform.patches.cache_locs import fill_front_out_cache_loc_torch
 
     out_cache_loc = torch.arange(50, 62, dtype=torch.int64)  # 3 requests x 4-wide window
     num_front = torch.tensor([2, 4, 1])
@@ -149,7 +149,7 @@ def test_fill_front_out_cache_loc_matches_naive() -> None:
 
 
 def test_fill_accept_out_cache_loc_matches_naive() -> None:
-    from dflash_patches.accept_locs import fill_accept_out_cache_loc_torch
+    from dflash_sglang.platform.patches.accept_locs import fill_accept_out_cache_loc_torch
 
     accept_index = torch.tensor([[0, 2, -1], [3, -1, -1], [6, 7, 8]], dtype=torch.int32)
     out_cache_loc = torch.arange(200, 209, dtype=torch.int64)
@@ -160,7 +160,7 @@ def test_fill_accept_out_cache_loc_matches_naive() -> None:
 
 
 def test_fill_bonus_tokens_matches_naive() -> None:
-    from dflash_patches.accept_locs import fill_bonus_tokens_torch
+    from dflash_sglang.platform.patches.accept_locs import fill_bonus_tokens_torch
 
     accept_tokens = torch.arange(12, dtype=torch.int64) + 1000  # 3 requests x stride 4
     accept_lens = torch.tensor([1, 4, 2], dtype=torch.int32)
@@ -187,8 +187,8 @@ def naive_verify(parents: list[int], cand: list[int], target: list[int], b: int,
 
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_verify_tree_greedy_matches_naive(seed: int) -> None:
-    from dflash_patches.reconstruct_tree import reconstruct_indices_from_tree_mask_torch
-    from dflash_patches.verify_tree import verify_tree_greedy_torch
+    from dflash_sglang.platform.patches.reconstruct_tree import reconstruct_indices_from_tree_mask_torch
+    from dflash_sglang.platform.patches.verify_tree import verify_tree_greedy_torch
 
     gen = torch.Generator().manual_seed(seed)
     bs, n, slots, vocab = 3, 8, 5, 3  # tiny vocab so that matches happen
@@ -217,7 +217,7 @@ def test_verify_tree_greedy_matches_naive(seed: int) -> None:
 
 
 def test_kv_pool_moves_with_torch() -> None:
-    from dflash_patches.kv_pool import TorchMoveMHATokenToKVPool
+    from dflash_sglang.platform.patches.kv_pool import TorchMoveMHATokenToKVPool
 
     pool = TorchMoveMHATokenToKVPool(
         64, page_size=1, dtype=torch.float32, head_num=2, head_dim=4, layer_num=2,
@@ -314,7 +314,7 @@ HOOKED_SYMBOLS: list[tuple[str, str, list[str]]] = [
 
 @pytest.mark.parametrize(("module_name", "qualname", "params"), HOOKED_SYMBOLS, ids=lambda x: str(x)[:60])
 def test_hooked_symbol_signature(module_name: str, qualname: str, params: list[str]) -> None:
-    from dflash_patches import reconstruct_tree
+    from dflash_sglang.platform.patches import reconstruct_tree
 
     reconstruct_tree.apply()  # the reconstruct_tree module only imports once patched
     obj: object = importlib.import_module(module_name)
@@ -326,7 +326,7 @@ def test_hooked_symbol_signature(module_name: str, qualname: str, params: list[s
 def test_patches_refuse_other_sglang_versions(monkeypatch: pytest.MonkeyPatch) -> None:
     import sglang
 
-    from dflash_patches import apply_all
+    from dflash_sglang.platform.patches import apply_all
 
     monkeypatch.setattr(sglang, "__version__", "0.0.0")
     with pytest.raises(RuntimeError, match="0.5.23"):
@@ -374,8 +374,8 @@ def test_install_registers_backend_and_choices() -> None:
 def test_platform_declarations() -> None:
     from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool
 
-    from dflash_patches.cache_locs import assign_extend_cache_locs_torch
     from dflash_sglang.platform import ATTENTION_BACKEND_NAME
+    from dflash_sglang.platform.patches.cache_locs import assign_extend_cache_locs_torch
     from dflash_sglang.platform.platform import DFlashCpuPlatform
 
     platform = DFlashCpuPlatform()
@@ -398,7 +398,7 @@ def test_apply_all_routes_sglang_symbols_to_torch() -> None:
     from sglang.kernels.ops.speculative import cache_locs, eagle, spec_tree
     from sglang.srt.mem_cache import allocation
 
-    from dflash_patches import apply_all
+    from dflash_sglang.platform.patches import apply_all
 
     apply_all()
     apply_all()  # idempotent

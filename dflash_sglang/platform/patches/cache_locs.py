@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from dflash_patches import hook_replace, require_pinned
+from . import hook_replace, require_pinned
 
 ALLOCATION_TARGET = "sglang.srt.mem_cache.allocation.assign_req_to_token_pool_func"
 FILL_FRONT_TARGET = "sglang.kernels.ops.speculative.cache_locs.fill_front_out_cache_loc_func"

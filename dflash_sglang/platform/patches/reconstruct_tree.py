@@ -24,7 +24,7 @@ from collections.abc import Iterator
 
 import torch
 
-from dflash_patches import require_pinned
+from . import require_pinned
 
 TARGET_MODULE = "sglang.kernels.ops.speculative.reconstruct_tree"
 TARGET_SYMBOL = "reconstruct_indices_from_tree_mask"  # module global the wrapper calls

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import torch
 
-from dflash_patches import hook_replace, require_pinned
+from . import hook_replace, require_pinned
 
 FILL_ACCEPT_TARGET = "sglang.kernels.ops.speculative.eagle.fill_accept_out_cache_loc_func"
 FILL_BONUS_TARGET = "sglang.kernels.ops.speculative.eagle.fill_bonus_tokens_func"

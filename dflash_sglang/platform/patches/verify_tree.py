@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import torch
 
-from dflash_patches import hook_replace, require_pinned
+from . import hook_replace, require_pinned
 
 TARGET = "sglang.kernels.ops.speculative.spec_tree.verify_tree_greedy_func"
 

@@ -23,7 +23,7 @@ import tempfile
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -118,11 +118,47 @@ class ServerClient:
         with urllib.request.urlopen(f"{self.base_url}{path}", timeout=30) as response:
             return json.loads(response.read())
 
+    def in_flight(self) -> int:
+        """Running + waiting requests, from SGLang's ``/v1/loads``."""
+        return requests_in_flight(self.get_json("/v1/loads"))
+
+    def wait_for(self, condition: Callable[[], bool], what: str, timeout_s: float = 120.0,
+                 poll_s: float = 0.2) -> None:
+        """Polls ``condition`` until it holds; raises (naming ``what``) on timeout or if the server died."""
+        deadline = time.monotonic() + timeout_s
+        while not condition():
+            if self.process.poll() is not None:
+                raise AssertionError(f"server exited while waiting for {what}")
+            if time.monotonic() > deadline:
+                raise AssertionError(f"timed out after {timeout_s:.0f} s waiting for {what}")
+            time.sleep(poll_s)
+
+    def wait_idle(self, timeout_s: float = 120.0, idle_polls: int = 5) -> None:
+        """Until the scheduler has reported no request in flight ``idle_polls`` times in a row: it has
+        then run idle iterations, where SGLang's strict KV-leak check runs."""
+        streak = [0]
+
+        def idle() -> bool:
+            streak[0] = streak[0] + 1 if self.in_flight() == 0 else 0
+            return streak[0] >= idle_polls
+
+        self.wait_for(idle, "an idle scheduler", timeout_s)
+
     def log_tail(self, lines: int = 80) -> str:
         try:
             return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
         except OSError as err:
             return f"<no log: {err}>"
+
+
+def requests_in_flight(node: Any) -> int:
+    """Sum of ``num_running_reqs`` and ``num_waiting_reqs`` anywhere in a ``/v1/loads`` answer."""
+    if isinstance(node, dict):
+        return sum(int(v) if k in ("num_running_reqs", "num_waiting_reqs") and isinstance(v, int)
+                   else requests_in_flight(v) for k, v in node.items())
+    if isinstance(node, list):
+        return sum(requests_in_flight(v) for v in node)
+    return 0
 
 
 def _healthy(base_url: str) -> bool:

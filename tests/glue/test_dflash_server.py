@@ -10,7 +10,6 @@ import random
 import subprocess
 import sys
 import threading
-import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -18,7 +17,9 @@ import pytest
 
 pytestmark = pytest.mark.slow
 NEW = 64
-STRICT = {"SGLANG_ENABLE_STRICT_MEM_CHECK_DURING_IDLE": "1"}  # a leaked KV slot crashes the server
+# A leaked KV slot crashes the server; the adaptive block policy is off, so every decode step verifies the
+# block asked for (the fixed-block path, the GPU default). One test below runs the policy.
+STRICT = {"SGLANG_ENABLE_STRICT_MEM_CHECK_DURING_IDLE": "1", "DFLASH_SGLANG_ADAPTIVE": "off"}
 
 
 def dflash_args(drafter: Path, block: int) -> list[str]:
@@ -65,15 +66,51 @@ def test_greedy_identical_to_nospec(sglang_server, dflash16, drafter_path, promp
         srv_ctx = sglang_server(dflash_args(drafter_path, block), env=STRICT)
         srv = srv_ctx.__enter__()
     try:
+        assert f"our DFlash worker runs (block {block}" in srv.log_path.read_text(errors="replace")
         for conc in (1, 8):
             got = greedy(srv, prompt_ids, conc)
             assert_same(got, reference, f"block {block}, concurrency {conc}")
-            meta = [g["meta_info"] for g in got]
-            assert all(m["spec_verify_ct"] > 0 for m in meta)
-            assert all(m["completion_tokens"] / m["spec_verify_ct"] >= 1.0 for m in meta)
+            assert all(g["meta_info"]["spec_verify_ct"] > 0 for g in got)
     finally:
         if srv_ctx is not None:
             srv_ctx.__exit__(None, None, None)
+
+
+def test_greedy_identical_with_the_adaptive_policy(sglang_server, drafter_path, prompt_ids, reference):
+    """The CPU default: the policy switches block sizes between steps; output stays the no-spec one."""
+    env = {**STRICT, "DFLASH_SGLANG_ADAPTIVE": "on"}
+    with sglang_server(dflash_args(drafter_path, 16), env=env) as srv:
+        assert "adaptive block on" in srv.log_path.read_text(errors="replace")
+        for conc in (1, 8):
+            assert_same(greedy(srv, prompt_ids, conc), reference, f"adaptive, concurrency {conc}")
+
+
+def test_server_tau_equals_the_reference_engine(dflash16, drafter_path, target_path, prompt_ids, reference):
+    """At a fixed block the server drafts and verifies exactly like the reference engine: same output,
+    same acceptance (committed tokens per verify step) within 2%. A server that drafted from stale or
+    missing context would still be lossless, but its tau would fall below the engine's."""
+    import torch
+
+    from dflash_sglang.core.drafter import DFlashDrafter
+    from dflash_sglang.core.engine import EngineConfig, ReferenceEngine
+    from dflash_sglang.core.sampling import SamplingConfig
+    from dflash_sglang.core.target import HFTarget, load_hf_target
+    from dflash_sglang.prompts import eos_token_ids
+
+    prompts = prompt_ids[:8]
+    got = greedy(dflash16, prompts, 1)
+    server_tau = sum(g["meta_info"]["completion_tokens"] - 1 for g in got) / sum(
+        g["meta_info"]["spec_verify_ct"] for g in got)
+    torch.set_num_threads(1)
+    model, tok = load_hf_target(str(target_path))
+    drafter = DFlashDrafter.from_pretrained(drafter_path)
+    engine = ReferenceEngine(HFTarget(model, drafter.cfg.target_layer_ids), drafter,
+                             EngineConfig(16, NEW, eos_token_ids(model, tok)))
+    runs = [engine.generate([p], SamplingConfig.uniform(1))[0] for p in prompts]
+    assert [r.output_ids for r in runs] == reference[:8]
+    engine_tau = sum(len(r.output_ids) - 1 for r in runs) / sum(r.steps for r in runs)
+    assert engine_tau > 1.05, f"the drafter accepts almost nothing (engine tau {engine_tau:.3f})"
+    assert abs(server_tau - engine_tau) <= 0.02 * engine_tau, (server_tau, engine_tau)
 
 
 def injected_lines(srv) -> list[tuple[int, int]]:
@@ -113,7 +150,7 @@ def test_aborts_under_load_leak_no_kv(dflash16, prompt_ids) -> None:
     threads = [threading.Thread(target=run, args=(i,)) for i in range(6)]
     for t in threads:
         t.start()
-    time.sleep(4.0)
+    dflash16.wait_for(lambda: dflash16.in_flight() >= 6, "the six requests to be in flight")
     import urllib.request
 
     for rid in rids[:4]:
@@ -123,7 +160,7 @@ def test_aborts_under_load_leak_no_kv(dflash16, prompt_ids) -> None:
         urllib.request.urlopen(req, timeout=30).read()
     for t in threads:
         t.join(timeout=600)
-    time.sleep(3.0)  # idle: the scheduler's strict leak check runs
+    dflash16.wait_idle()  # idle iterations: the scheduler's strict leak check runs
     assert dflash16.process.poll() is None, "server died (KV leak check?)"
     assert "memory leak" not in dflash16.log_path.read_text(errors="replace")
     ok = dflash16.generate(input_ids=prompt_ids[0], max_new_tokens=8)

@@ -152,28 +152,6 @@ def group_rss(pgid: int) -> int:
     return total
 
 
-def _busy(node: Any) -> int:
-    """Running + waiting requests anywhere in a /v1/loads answer."""
-    if isinstance(node, dict):
-        return sum(int(v) if k in ("num_running_reqs", "num_waiting_reqs") and isinstance(v, int)
-                   else _busy(v) for k, v in node.items())
-    if isinstance(node, list):
-        return sum(_busy(v) for v in node)
-    return 0
-
-
-def wait_idle_check(srv, seconds: float = 30.0) -> None:
-    """Poll until the scheduler has been idle long enough for its strict leak check to run."""
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        assert srv.process.poll() is None, "server died after the soak (strict KV leak check?)"
-        if _busy(srv.get_json("/v1/loads")) == 0:
-            time.sleep(3.0)  # a few idle scheduler iterations: each one runs the leak check
-            return
-        time.sleep(1.0)
-    raise AssertionError("server still busy after the soak")
-
-
 def test_soak_mixed_faulty_traffic(sglang_server, drafter_path) -> None:
     rng = random.Random(20261203)
     plans = [plan(rng, i) for i in range(N_REQUESTS)]
@@ -186,7 +164,8 @@ def test_soak_mixed_faulty_traffic(sglang_server, drafter_path) -> None:
         with ThreadPoolExecutor(CONCURRENCY) as pool:
             list(pool.map(lambda ip: run_one(srv.base_url, ip[0], ip[1], tally), enumerate(plans)))
         wall = time.monotonic() - started
-        wait_idle_check(srv)
+        srv.wait_idle()  # idle iterations: SGLang's strict KV-leak check runs
+        assert srv.process.poll() is None, "server died after the soak (strict KV leak check?)"
         rss_after = group_rss(srv.process.pid)
         log = srv.log_path.read_text(errors="replace")
         health = urllib.request.urlopen(f"{srv.base_url}/health", timeout=30).status

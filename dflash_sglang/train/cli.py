@@ -81,8 +81,12 @@ def _add_config_flag(group: argparse._ArgumentGroup, f: typing.Any) -> None:
     typ = hints[f.name]
     if isinstance(typ, types.UnionType):  # "float | None" -> float
         typ = next(t for t in typing.get_args(typ) if t is not type(None))
-    kw = {"choices": f.metadata["choices"]} if "choices" in f.metadata else {}
-    group.add_argument(f"--{f.name.replace('_', '-')}", type=typ, default=f.default,
+    kw: dict[str, typing.Any] = {"choices": f.metadata["choices"]} if "choices" in f.metadata else {}
+    if typ is bool:
+        kw["action"] = argparse.BooleanOptionalAction
+    else:
+        kw["type"] = typ
+    group.add_argument(f"--{f.name.replace('_', '-')}", default=f.default,
                        help=f"{f.metadata['help']} (default {f.default})", **kw)
 
 

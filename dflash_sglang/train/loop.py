@@ -17,6 +17,7 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+from torch.nn.utils import parametrize
 from tqdm import tqdm
 
 from ..core.drafter import DFlashDrafter
@@ -24,6 +25,7 @@ from ..core.engine import EngineConfig, ReferenceEngine
 from ..core.sampling import SamplingConfig
 from ..core.target import HFTarget
 from .data import Sample, online_taps
+from .precondition import is_preconditioned, precondition, published, tap_scales
 from .recipe import BlockLoss, build_batch, default_gamma, expected_accept, sample_anchors
 
 STATE_FILE = "train_state.pt"
@@ -59,6 +61,8 @@ class TrainConfig:
     save_every: int = _opt(100, "checkpoint period (steps)")
     save_dtype: str = _opt("bfloat16", "dtype of the published model.safetensors",
                            choices=("bfloat16", "float32"))
+    precondition: bool = _opt(True, "train fc in units where every tap feature has RMS 1 "
+                                    "(train.precondition); the saved checkpoint is the same plain fc")
     head_dtype: str = _opt("auto", "matmul dtype of the frozen LM head in the loss (auto: bf16 only on CPUs "
                                    "with native bf16, see core.draft_head)",
                            choices=("auto", "bfloat16", "float32"))
@@ -141,8 +145,10 @@ def train(cfg: TrainConfig, drafter: DFlashDrafter, target: HFTarget, samples: l
     torch.manual_seed(cfg.seed)
     gamma = cfg.gamma or default_gamma(drafter.cfg.block_size)
     head_dtype = None if cfg.head_dtype == "auto" else getattr(torch, cfg.head_dtype)
-    module = BlockLoss(drafter.to(dev).float().train(), target.embed_weight, target.lm_head_weight, gamma,
-                       head_dtype, train_vocab)
+    drafter = drafter.to(dev).float().train()
+    if cfg.precondition:
+        precondition(drafter, _tap_scales(samples, target))
+    module = BlockLoss(drafter, target.embed_weight, target.lm_head_weight, gamma, head_dtype, train_vocab)
     model: torch.nn.Module = module
     if d.world > 1:
         model = torch.nn.parallel.DistributedDataParallel(module)
@@ -169,7 +175,15 @@ def train(cfg: TrainConfig, drafter: DFlashDrafter, target: HFTarget, samples: l
                 _evaluate(cfg, module, target, evals, res, d)
             _save(cfg, drafter, opt, sched, res, d)
     bar.close()
+    if is_preconditioned(drafter):  # hand back the plain drafter that was saved
+        parametrize.remove_parametrizations(drafter.fc, "weight", leave_parametrized=True)
     return res
+
+
+def _tap_scales(samples: list[Sample], target: HFTarget) -> torch.Tensor:
+    """Per-dimension 1/RMS of the training taps (cached ones, else a few recomputed)."""
+    cached = [s.taps for s in samples[:64] if s.taps is not None]
+    return tap_scales(cached or [t.cpu() for t in online_taps(target, samples[:8])])
 
 
 def _train_step(cfg: TrainConfig, model: torch.nn.Module, module: BlockLoss, opt: torch.optim.Optimizer,
@@ -270,7 +284,7 @@ def _save(cfg: TrainConfig, drafter: DFlashDrafter, opt: torch.optim.Optimizer, 
              "config": asdict(cfg)}
     torch.save(state, sdir / (STATE_FILE + ".tmp"))
     (sdir / (STATE_FILE + ".tmp")).rename(sdir / STATE_FILE)
-    drafter.save_pretrained(out, dtype=getattr(torch, cfg.save_dtype) if cfg.save_dtype else None)
+    published(drafter).save_pretrained(out, dtype=getattr(torch, cfg.save_dtype) if cfg.save_dtype else None)
     with (sdir / LOG_FILE).open("w") as f:
         for rec in res.history:
             f.write(json.dumps(rec) + "\n")

@@ -21,7 +21,7 @@ from .draft_cache import DraftContextCache
 from .draft_head import DraftHead
 from .drafter import DFlashDrafter
 from .sampling import SamplingConfig, probs_from_logits, sample_from_probs
-from .target import HFTarget, TargetOutput
+from .target import HFTarget, TargetOutput, left_pad
 from .verify import VerifyResult, verify
 
 SAMPLING_MODES = ("rejection", "target_only")
@@ -143,13 +143,8 @@ def _prefill(
     from transformers import DynamicCache
 
     dev = target.device
-    bs, plen = len(prompts), max(len(p) for p in prompts)
-    ids = torch.zeros(bs, plen, dtype=torch.long, device=dev)
-    valid = torch.zeros(bs, plen, dtype=torch.bool, device=dev)
-    for i, p in enumerate(prompts):  # left padding: the last column is every prompt's last token
-        ids[i, plen - len(p):] = torch.tensor(p, device=dev)
-        valid[i, plen - len(p):] = True
-    pos = (valid.long().cumsum(1) - 1).clamp_min(0)  # [bs, P]
+    bs = len(prompts)
+    ids, valid, pos = left_pad(prompts, dev)  # [bs, P] each
     cache = DynamicCache()
     out = target.forward(ids, pos, valid.long(), cache)
     first = sample_from_probs(probs_from_logits(out.logits[:, -1], sampling), generator)  # [bs]

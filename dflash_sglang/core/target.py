@@ -68,6 +68,20 @@ class HFTarget:
         return TargetOutput(out.logits.float(), taps)
 
 
+def left_pad(prompts: list[list[int]], device: torch.device | str
+             ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """A left-padded batch: the last column holds every prompt's last token.
+
+    -> ids [bs, P] (0 in padding), valid [bs, P] (bool), positions [bs, P] (0 in padding)."""
+    bs, plen = len(prompts), max(len(p) for p in prompts)
+    ids = torch.zeros(bs, plen, dtype=torch.long, device=device)
+    valid = torch.zeros(bs, plen, dtype=torch.bool, device=device)
+    for i, p in enumerate(prompts):
+        ids[i, plen - len(p):] = torch.tensor(p, device=device)
+        valid[i, plen - len(p):] = True
+    return ids, valid, (valid.long().cumsum(1) - 1).clamp_min(0)
+
+
 def _decoder_layers(model: nn.Module) -> nn.ModuleList:
     base = getattr(model, "model", model)
     base = getattr(base, "language_model", base)

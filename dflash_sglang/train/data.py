@@ -18,7 +18,7 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
-from ..core.target import HFTarget
+from ..core.target import HFTarget, left_pad
 
 
 @dataclass(frozen=True)
@@ -90,12 +90,7 @@ def answer_batch(target: HFTarget, prompts: list[list[int]], s: GenSettings) -> 
 
     dev = target.device
     bs, plen = len(prompts), max(len(p) for p in prompts)
-    ids = torch.zeros(bs, plen, dtype=torch.long, device=dev)
-    valid = torch.zeros(bs, plen, dtype=torch.bool, device=dev)
-    for i, p in enumerate(prompts):
-        ids[i, plen - len(p):] = torch.tensor(p, device=dev)
-        valid[i, plen - len(p):] = True
-    pos = (valid.long().cumsum(1) - 1).clamp_min(0)  # [bs, P]
+    ids, valid, pos = left_pad(prompts, dev)  # [bs, P] each
     cache = DynamicCache()
     logits, t = forward_taps(target, ids, pos, valid.long(), cache)
     taps, toks = [t], []

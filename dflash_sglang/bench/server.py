@@ -43,6 +43,9 @@ BASE_SERVER_ARGS: tuple[str, ...] = (
     "--max-running-requests", "16",
     "--random-seed", "0",
     "--log-level", "info",
+    # SGLang's scheduler polls in a busy loop when idle: an idle test or bench server would burn a whole
+    # core (measured: 95% CPU for minutes) and halve the speed of the server under test on 2 cores.
+    "--sleep-on-idle",
 )  # fmt: skip
 
 # Servers alive in this process; the conftest failure hook attaches their log tails.

@@ -81,8 +81,9 @@ def test_random_drafter_lossless_batch1_quick(
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("batch", [1, 4])
-@pytest.mark.parametrize("block", [4, 8, 16])
+# Two of the six (block, batch) pairs: each pair costs 2-5 minutes on 2 cores (a random drafter commits
+# about one token per step) and the quick test above already covers every block at batch 1.
+@pytest.mark.parametrize(("block", "batch"), [(16, 1), (8, 4)])
 def test_random_drafter_lossless_20_prompts(
     smollm2, spec_bench_ids, random_drafter_16, reference_64, block, batch
 ):

@@ -67,9 +67,12 @@ def test_greedy_identical_to_nospec(sglang_server, dflash16, drafter_path, promp
         srv = srv_ctx.__enter__()
     try:
         assert f"our DFlash worker runs (block {block}" in srv.log_path.read_text(errors="replace")
-        for conc in (1, 8):
-            got = greedy(srv, prompt_ids, conc)
-            assert_same(got, reference, f"block {block}, concurrency {conc}")
+        # Ragged batches (concurrency 8) on all 16 prompts; one request at a time on the first 4 (at
+        # block 16 the tau test below covers 8 prompts one at a time). A fixed block on 2 cores decodes
+        # at 3-5 tok/s, so every prompt-pass here costs minutes of CI.
+        for conc, n in ((8, len(prompt_ids)), (1, 0 if block == 16 else 4)):
+            got = greedy(srv, prompt_ids[:n], conc)
+            assert_same(got, reference[:n], f"block {block}, concurrency {conc}")
             assert all(g["meta_info"]["spec_verify_ct"] > 0 for g in got)
     finally:
         if srv_ctx is not None:
@@ -81,8 +84,8 @@ def test_greedy_identical_with_the_adaptive_policy(sglang_server, drafter_path, 
     env = {**STRICT, "DFLASH_SGLANG_ADAPTIVE": "on"}
     with sglang_server(dflash_args(drafter_path, 16), env=env) as srv:
         assert "adaptive block on" in srv.log_path.read_text(errors="replace")
-        for conc in (1, 8):
-            assert_same(greedy(srv, prompt_ids, conc), reference, f"adaptive, concurrency {conc}")
+        for conc, n in ((8, len(prompt_ids)), (1, 8)):
+            assert_same(greedy(srv, prompt_ids[:n], conc), reference[:n], f"adaptive, concurrency {conc}")
 
 
 def test_server_tau_equals_the_reference_engine(dflash16, drafter_path, target_path, prompt_ids, reference):
@@ -143,7 +146,7 @@ def test_aborts_under_load_leak_no_kv(dflash16, prompt_ids) -> None:
 
     def run(i: int) -> None:
         try:
-            dflash16.generate(input_ids=prompt_ids[i], max_new_tokens=400, ignore_eos=True, rid=rids[i])
+            dflash16.generate(input_ids=prompt_ids[i], max_new_tokens=160, ignore_eos=True, rid=rids[i])
         except Exception as e:  # noqa: BLE001 - aborted requests may answer with an error
             errors.append(e)
 

@@ -23,7 +23,11 @@ from typing import Any
 
 import pytest
 
-pytestmark = pytest.mark.slow
+# Measured 967 s on 2 cores (2026-12-04, passing): too long for the CI budget until the suite is
+# trimmed further, so it runs on request: DFLASH_SGLANG_TEST_SOAK=1 pytest -m slow tests/glue/test_soak.py
+pytestmark = [pytest.mark.slow,
+              pytest.mark.skipif(os.environ.get("DFLASH_SGLANG_TEST_SOAK") != "1",
+                                 reason="soak runs on request (DFLASH_SGLANG_TEST_SOAK=1), 16 min")]
 N_REQUESTS = 520
 CONCURRENCY = 32
 # Near-limit prompts are near --context-length. At SmolLM2's own 8192 a single such prefill costs about a

@@ -22,6 +22,7 @@ MALLOC_ENV = "DFLASH_SGLANG_MALLOC"
 CACHE_ENV = "DFLASH_SGLANG_CACHE"
 DATA_ENV = "DFLASH_SGLANG_DATA"
 THREADS_ENV = "DFLASH_SGLANG_SERVER_THREADS"
+GRAMMAR_DRAFT_ENV = "DFLASH_SGLANG_GRAMMAR_DRAFT"
 
 
 class SettingsError(ValueError):
@@ -72,6 +73,7 @@ VARS: tuple[Var, ...] = (
     Var(CACHE_ENV, "cache", "", _cache),
     Var(DATA_ENV, "data", "", _data),
     Var(THREADS_ENV, "server_threads", "1", _positive_int),
+    Var(GRAMMAR_DRAFT_ENV, "grammar_draft", "on", _choice("on", "off")),
 )
 
 
@@ -84,6 +86,7 @@ class Settings:
     cache: Path  # models, converted checkpoints and training data caches
     data: Path  # prompt data (Spec-Bench, GSM8K train, ...)
     server_threads: int  # OpenMP threads of a server started by the bench harness or the tests
+    grammar_draft: str  # "on" | "off": constrained requests draft under their grammar's masks
 
     @classmethod
     def from_env(cls, env: Mapping[str, str]) -> Settings:

@@ -100,6 +100,10 @@ class DraftHead:
         """Row indices [...] -> token ids [...]."""
         return index if self.ids is None else self.ids[index]
 
+    def columns(self, per_token: torch.Tensor) -> torch.Tensor:
+        """A per-token tensor over the vocabulary [..., V] -> over the head's rows [..., V']."""
+        return per_token if self.ids is None else per_token[..., self.ids.to(per_token.device)]
+
     def full(self, q: torch.Tensor) -> torch.Tensor:
         """Probabilities over the head's rows [..., V'] -> over the vocabulary [..., V] (0 elsewhere)."""
         if self.ids is None:

@@ -4,8 +4,9 @@ SGLang's decode step adjusts the target logits before sampling (``ModelRunner._p
 then ``Sampler._preprocess_logits``), in this order:
   1. the penalties from the committed output so far: the additive ones (frequency, presence,
      min_new_tokens), then the scaling one (repetition);
-  2. ``logit_bias``;
-  3. custom logit processors.
+  2. the grammar mask of a structured-output request (``core.grammar``: per block position);
+  3. ``logit_bias``;
+  4. custom logit processors.
 Verification must see the same adjusted logits, position by position. The penalties depend on the
 tokens before each position, which inside a block include the earlier drafts: row j is scored with
 the history ``req.output_ids + drafts[1..j]`` (``core.penalties``). SGLang's own penalizer state is
@@ -24,6 +25,7 @@ from typing import Any
 
 import torch
 
+from ..core.grammar import BlockMasks
 from ..core.penalties import OutputHistory, PenaltyParams, apply_penalties, block_histories
 
 # SGLang's forward copy of SamplingBatchInfo (``copy_for_forward``) folds the penalizers into one
@@ -40,12 +42,15 @@ def needs_adjustment(batch: Any) -> bool:
                 or any(_has_penalty(r.sampling_params) for r in batch.reqs))
 
 
-def adjust_block_logits(batch: Any, block_tokens: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
+def adjust_block_logits(batch: Any, block_tokens: torch.Tensor, logits: torch.Tensor,
+                        grammar: BlockMasks | None = None) -> torch.Tensor:
     """block_tokens [bs, B], logits [bs, B, V] (raw target) -> adjusted logits [bs, B, V] (a copy)."""
     info = batch.sampling_info
     bs, nb, vocab = logits.shape
     out = logits.clone()
     _apply_penalties(batch.reqs, block_tokens, out)
+    if grammar is not None:
+        grammar.apply_(out)
     if info.logit_bias is not None:
         out += info.logit_bias.to(out.dtype).view(bs, 1, vocab)
     if info.has_custom_logit_processor:

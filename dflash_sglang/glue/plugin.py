@@ -20,8 +20,6 @@ from ..settings import WORKER_ENV, settings
 logger = logging.getLogger(__name__)
 CREATE_WORKER = "sglang.srt.speculative.spec_info.SpeculativeAlgorithm.create_worker"
 HANDLE_DFLASH = "sglang.srt.arg_groups.speculative_hook._handle_dflash"
-VALIDATE_REQUEST = "sglang.srt.speculative.dflash_utils.validate_dflash_request"
-CONSTRAINTS = ("json_schema", "regex", "ebnf", "structural_tag")
 
 
 def use_builtin() -> bool:
@@ -50,7 +48,6 @@ def register() -> None:
         return
     HookRegistry.register(CREATE_WORKER, create_worker_hook, HookType.AROUND)
     HookRegistry.register(HANDLE_DFLASH, refuse_bad_pair_hook, HookType.AFTER)
-    HookRegistry.register(VALIDATE_REQUEST, refuse_constrained_request_hook, HookType.AFTER)
     register_draft_model()
 
 
@@ -72,12 +69,4 @@ def refuse_bad_pair_hook(result: Any, server_args: Any, *args: Any, **kwargs: An
         check_local_pair(server_args.model_path, server_args.speculative_draft_model_path)
     except DFlashConfigError as e:
         raise SystemExit(f"dflash-sglang: {e}") from None
-    return result
-
-
-def refuse_constrained_request_hook(result: Any, req: Any, *args: Any, **kwargs: Any) -> Any:
-    """Structured output needs grammar masks inside verification, which our worker lacks: such a
-    request is finished with an error message instead of reaching the worker."""
-    if result is None and any(getattr(req.sampling_params, k, None) for k in CONSTRAINTS):
-        return "dflash-sglang: structured output (json_schema/regex/ebnf) is not supported with DFLASH yet"
     return result

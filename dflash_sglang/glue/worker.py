@@ -4,7 +4,8 @@ Per decode step, for a batch whose committed KV covers [0, p) and whose newest t
 bonus) has no KV yet:
   block    [b, mask x (B-1)] at positions p..p+B-1, in the KV slots the scheduler reserved
   draft    one drafter pass over the block (draft runner, TARGET_VERIFY mode, non-causal)
-  verify   one target pass over [b, drafts] capturing the tap layers
+  verify   one target pass over [b, drafts] capturing the tap layers; the logits are scored as no-spec
+           would score each position (penalties, structured-output grammar masks, logit_bias)
   accept   core.verify: accepted prefix + bonus per request (greedy or exact rejection sampling)
   commit   publish new lengths p + accept + 1; project committed rows' tap states into the draft
            KV at their slots, so draft KV and target KV cover the same tokens, at the same slots.
@@ -28,6 +29,7 @@ from sglang.srt.speculative.draft_worker_common import build_draft_tp_worker, ma
 from ..core.adaptive import BlockPolicy
 from ..core.config import DFlashConfigError, TargetSpec
 from ..core.draft_head import DraftHead, load_draft_vocab
+from ..core.grammar import BlockGrammar, BlockMasks
 from ..core.sampling import probs_from_logits, sample_from_probs
 from ..core.verify import verify
 from ..settings import settings
@@ -67,6 +69,8 @@ class DFlashWorker(BaseSpecWorker):
                                     load_draft_vocab(server_args.speculative_draft_model_path))
         self.mask_id = _check_pair(self.draft_model, self.model_runner.model_config, self.block_size)
         self.sampling_mode = settings().sampling  # "rejection" | "target_only"
+        self.grammar_draft = settings().grammar_draft == "on"  # structured output drafts under its grammar
+        self.vocab_size = int(self.model_runner.model_config.vocab_size)
         self.generator = torch.Generator(device=self.device).manual_seed(int(server_args.random_seed or 0))
         self.streams = StreamPlan.for_device(self.device)
         self.kernels = choose_kernels(self.device)  # Triton on CUDA, torch elsewhere: chosen once
@@ -97,7 +101,7 @@ class DFlashWorker(BaseSpecWorker):
             return self._prefill(batch, publish, pp_proxy_tensors)
         if batch.forward_mode.is_idle():
             return self._idle(publish)
-        return self._decode(batch, publish)
+        return self._decode(batch, publish, grammar_barrier)
 
     # --------------------------------------------------------------------- phases
     def _prefill(self, batch: Any, publish: Any, pp_proxy_tensors: Any) -> GenerationBatchResult:
@@ -127,7 +131,7 @@ class DFlashWorker(BaseSpecWorker):
             can_run_cuda_graph=False, speculative_num_draft_tokens=self.block_size,
             new_seq_lens=nxt.new_seq_lens)
 
-    def _decode(self, batch: Any, publish: Any) -> GenerationBatchResult:
+    def _decode(self, batch: Any, publish: Any, grammar_barrier: Any = None) -> GenerationBatchResult:
         bs = len(batch.seq_lens)
         nb = self.policy.choose(bs) if self.policy else self.block_size
         started = time.perf_counter()
@@ -137,12 +141,12 @@ class DFlashWorker(BaseSpecWorker):
                            self.mask_id, nb)
         sampling = sampling_from_sglang(batch.sampling_info, bs, self.device)
         host_lens = _host_seq_lens(batch)
+        grammar = self._block_grammar(batch, nb, grammar_barrier)
         with self.streams.draft():
-            draft_probs = self._draft(batch, block, sampling, host_lens)
+            draft_probs, masks = self._draft(batch, block, sampling, host_lens, grammar)
         self.streams.join()
         logits, taps, logits_output = self._verify_target(batch, block, host_lens)
-        if needs_adjustment(batch):  # penalties, logit_bias, custom processors
-            logits = adjust_block_logits(batch, block.tokens, logits.view(bs, nb, -1)).view(bs * nb, -1)
+        logits = self._as_nospec_scores(batch, block, logits, grammar, masks)
         if batch.sampling_info.is_all_greedy:  # host flag SGLang keeps: no device sync to decide
             res = self.kernels.greedy_accept(block.tokens, logits.view(bs, nb, -1).argmax(-1))
         else:
@@ -164,11 +168,24 @@ class DFlashWorker(BaseSpecWorker):
             next_draft_input=make_draft_input_v2(bonus_tokens=res.bonus, new_seq_lens=new_lens),
             speculative_num_draft_tokens=nb, new_seq_lens=new_lens)
 
-    def _draft(self, batch: Any, block: Block, sampling: Any, host_lens: torch.Tensor) -> torch.Tensor | None:
-        """Fill block.tokens[:, 1:] with drafts; -> their probabilities [bs, B-1, V] (None: argmax)."""
+    def _as_nospec_scores(self, batch: Any, block: Block, logits: torch.Tensor, grammar: BlockGrammar | None,
+                          masks: BlockMasks | None) -> torch.Tensor:
+        """Raw target logits [bs*B, V] -> the logits no-spec would sample from at each block position:
+        penalties, grammar masks (along the drafts), logit_bias, custom processors."""
+        if grammar is not None and masks is None:
+            masks = grammar.masks_along(block.tokens)
+        if masks is None and not needs_adjustment(batch):
+            return logits
+        bs, nb = block.tokens.shape
+        return adjust_block_logits(batch, block.tokens, logits.view(bs, nb, -1), masks).flatten(0, 1)
+
+    def _draft(self, batch: Any, block: Block, sampling: Any, host_lens: torch.Tensor,
+               grammar: BlockGrammar | None) -> tuple[torch.Tensor | None, BlockMasks | None]:
+        """Fill block.tokens[:, 1:] with drafts; -> their probabilities [bs, B-1, V] (None: argmax)
+        and, when drafting ran under the grammar, the block's grammar masks (else None)."""
         nb = block.tokens.shape[1]
         if nb == 1:
-            return None
+            return None, None
         spec = DFlashVerifyInput(draft_token=block.tokens.view(-1), positions=block.positions.view(-1),
                                  draft_token_num=nb, capture_hidden_mode=CaptureHiddenMode.NULL)
         fb = self._verify_forward_batch(batch, spec, block, host_lens, self._draft_worker)
@@ -178,12 +195,42 @@ class DFlashWorker(BaseSpecWorker):
         hidden = hidden.view(block.tokens.shape[0], nb, -1)[:, 1:]
         self.head = self.head.refreshed(self.lm_head_weight)  # follows in-place weight updates
         logits = self.draft_model.drafter.logits(hidden.to(self.head.weight.dtype), self.head.weight)
-        if self.sampling_mode == "target_only" or batch.sampling_info.is_all_greedy:
+        greedy = self.sampling_mode == "target_only" or batch.sampling_info.is_all_greedy
+        if grammar is not None and self.grammar_draft:
+            return self._draft_under_grammar(block, logits, sampling, grammar, greedy)
+        if greedy:
             block.tokens[:, 1:] = self.head.to_tokens(logits.argmax(-1))
-            return None
+            return None, None
         q = probs_from_logits(logits.float(), sampling)  # [bs, B-1, V']
         block.tokens[:, 1:] = self.head.to_tokens(sample_from_probs(q, self.generator))
-        return self.head.full(q)
+        return self.head.full(q), None
+
+    def _draft_under_grammar(self, block: Block, logits: torch.Tensor, sampling: Any, grammar: BlockGrammar,
+                             greedy: bool) -> tuple[torch.Tensor | None, BlockMasks]:
+        """Drafts chosen position by position, each from logits [bs, B-1, V'] masked by the grammar
+        state along the drafts before it; the masks are then the verification masks."""
+        qs: list[torch.Tensor] = []  # [bs, V'] per position: the distributions actually sampled
+
+        def choose(j: int, logits_j: torch.Tensor) -> torch.Tensor:
+            if greedy:
+                rows = logits_j.argmax(-1)
+            else:
+                qs.append(probs_from_logits(logits_j.float(), sampling))
+                rows = sample_from_probs(qs[-1], self.generator)
+            block.tokens[:, j + 1] = self.head.to_tokens(rows)
+            return block.tokens[:, j + 1]
+
+        masks = grammar.draft_constrained(logits, choose, self.head.columns)
+        return (None if greedy else self.head.full(torch.stack(qs, 1))), masks
+
+    def _block_grammar(self, batch: Any, nb: int, barrier: Any) -> BlockGrammar | None:
+        """The batch's live grammars (structured output), None when no request is constrained."""
+        if not getattr(batch, "has_grammar", False):
+            return None
+        if barrier is not None:  # overlap: the previous batch's committed tokens advance the matchers first
+            barrier()
+        live = [r.grammar if r.grammar is not None and not r.grammar.finished else None for r in batch.reqs]
+        return BlockGrammar.of(live, nb, self.vocab_size)
 
     def _verify_target(self, batch: Any, block: Block, host_lens: torch.Tensor) -> tuple:
         """-> logits [bs*B, V], tap states [bs*B, T*H], the LogitsProcessorOutput."""

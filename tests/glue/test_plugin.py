@@ -168,24 +168,22 @@ def test_stream_plan_is_inline_off_cuda() -> None:
     assert x.tolist() == [1.0, 1.0, 1.0]
 
 
-def test_constrained_requests_refused() -> None:
-    import pkgutil
+def test_grammar_seams_the_worker_relies_on() -> None:
+    """Structured output under our worker: SGLang advances each matcher over the committed tokens
+    (``advance_grammar_fsm``, handing DFLASH workers the barrier under overlap), and its grammar
+    objects have the methods core.grammar calls."""
+    from sglang.srt.constrained.base_grammar_backend import BaseGrammarObject
+    from sglang.srt.managers.scheduler_components.batch_result_processor import SchedulerBatchResultProcessor
+    from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
 
-    owner, attr = plugin.VALIDATE_REQUEST.rsplit(".", 1)
-    fn = getattr(pkgutil.resolve_name(owner), attr)
-    assert list(inspect.signature(fn).parameters) == ["req", "enable_overlap"]
-
-    class Params:
-        json_schema = regex = ebnf = structural_tag = None
-
-    class Req:
-        sampling_params = Params()
-
-    req = Req()
-    assert plugin.refuse_constrained_request_hook(None, req, False) is None
-    assert plugin.refuse_constrained_request_hook("earlier error", req, False) == "earlier error"
-    req.sampling_params.regex = "[0-9]+"
-    assert "not supported with DFLASH" in plugin.refuse_constrained_request_hook(None, req, False)
+    assert SpeculativeAlgorithm.DFLASH.supports_grammar_overlap()
+    assert list(inspect.signature(SchedulerBatchResultProcessor.advance_grammar_fsm).parameters) == [
+        "self", "result", "batch"]
+    expected = {"allocate_vocab_mask": ["self", "vocab_size", "batch_size", "device"],
+                "fill_vocab_mask": ["self", "vocab_mask", "idx"], "accept_token": ["self", "token"],
+                "rollback": ["self", "k"], "is_terminated": ["self"]}
+    for name, params in expected.items():
+        assert list(inspect.signature(getattr(BaseGrammarObject, name)).parameters) == params, name
 
 
 def test_missing_draft_folder_is_one_line(tmp_path, monkeypatch) -> None:

@@ -2,35 +2,11 @@
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from server_fixture import ACTIVE_SERVERS, ServerClient, launch_sglang_server
-
-
-class ServerFactory:
-    """``factory(extra_args)`` -> context manager; ``factory.start(extra_args)`` -> client kept until
-    the end of the owning fixture scope (servers started with the same args are reused)."""
-
-    def __init__(self) -> None:
-        self._stack = contextlib.ExitStack()
-        self._started: dict[tuple[str, ...], ServerClient] = {}
-
-    def __call__(self, extra_args: Sequence[str] = (), **kwargs: Any) -> contextlib.AbstractContextManager:
-        return launch_sglang_server(extra_args, **kwargs)
-
-    def start(self, extra_args: Sequence[str] = (), **kwargs: Any) -> ServerClient:
-        key = tuple(extra_args)
-        if key not in self._started:
-            self._started[key] = self._stack.enter_context(launch_sglang_server(extra_args, **kwargs))
-        return self._started[key]
-
-    def close(self) -> None:
-        self._stack.close()
-        self._started.clear()
-        self._stack = contextlib.ExitStack()
+from server_fixture import ACTIVE_SERVERS, ServerFactory
 
 
 @pytest.fixture(autouse=True)

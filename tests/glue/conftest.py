@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from parity import COMMON, NOSPEC_ENV, STRICT, readme_dflash_args
+from server_fixture import ServerFactory
 
 from dflash_sglang.core.random_drafter import build_random_drafter
 from dflash_sglang.models import fetch_model
@@ -39,3 +42,25 @@ def prompt_ids(target_path: Path) -> list[list[int]]:
             per_cat[p.category] = per_cat.get(p.category, 0) + 1
             picked.append(p)
     return [chat_ids(tok, p.text) for p in picked[:16]]
+
+
+@pytest.fixture(scope="session")
+def parity_servers() -> Iterator[ServerFactory]:
+    """Session-scoped: the request-parity and structured-output modules share one no-spec and one DFLASH
+    server (two start-ups fewer; idle servers sleep, so they cost memory, not CPU)."""
+    factory = ServerFactory()
+    try:
+        yield factory
+    finally:
+        factory.close()
+
+
+@pytest.fixture(scope="session")
+def nospec(parity_servers: ServerFactory):  # noqa: ANN201
+    return parity_servers.start(COMMON, env=NOSPEC_ENV)
+
+
+@pytest.fixture(scope="session")
+def dflash(parity_servers: ServerFactory, drafter_path: Path):  # noqa: ANN201
+    """DFLASH started with the README's own command (the block comes from the drafter's config)."""
+    return parity_servers.start(COMMON + readme_dflash_args(drafter_path), env=STRICT)

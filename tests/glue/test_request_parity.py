@@ -11,54 +11,16 @@ from __future__ import annotations
 import json
 import math
 import os
-import urllib.error
-import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 import pytest
+from parity import COMMON, STRICT, client, post, readme_dflash_args
 
 pytestmark = pytest.mark.slow
-STRICT = {"SGLANG_ENABLE_STRICT_MEM_CHECK_DURING_IDLE": "1", "DFLASH_SGLANG_ADAPTIVE": "off"}
-COMMON = ["--enable-custom-logit-processor"]
 COLORS = [{"role": "user", "content": "List three colors, one per line, numbered."}]
 HELLO = "hello hello hello hello hello"
-
-
-def readme_dflash_args(drafter: Path) -> list[str]:
-    return ["--speculative-algorithm", "DFLASH", "--speculative-draft-model-path", str(drafter)]
-
-
-@pytest.fixture(scope="module")
-def nospec(sglang_server):
-    return sglang_server.start(COMMON, env={"SGLANG_ENABLE_STRICT_MEM_CHECK_DURING_IDLE": "1"})
-
-
-@pytest.fixture(scope="module")
-def dflash(sglang_server, drafter_path):
-    return sglang_server.start(COMMON + readme_dflash_args(drafter_path), env=STRICT)
-
-
-def client(srv):
-    import openai
-
-    return openai.OpenAI(base_url=f"{srv.base_url}/v1", api_key="none", timeout=300, max_retries=0)
-
-
-def post(srv, path: str, body: dict[str, Any] | bytes) -> tuple[int, Any]:
-    data = body if isinstance(body, bytes) else json.dumps(body).encode()
-    req = urllib.request.Request(f"{srv.base_url}{path}", data=data,
-                                 headers={"Content-Type": "application/json"})
-    try:
-        with urllib.request.urlopen(req, timeout=300) as r:
-            return r.status, json.loads(r.read())
-    except urllib.error.HTTPError as err:
-        text = err.read().decode(errors="replace")
-        try:
-            return err.code, json.loads(text)
-        except json.JSONDecodeError:
-            return err.code, text
 
 
 def test_readme_command_starts_with_the_drafters_block(dflash) -> None:

@@ -130,6 +130,8 @@ def test_trained_drafter_with_cheaper_draft_heads_is_lossless(smollm2, spec_benc
     if head == "subset":
         drafter.draft_vocab = torch.arange(8192)
         assert any(t >= 8192 for r in reference_64[:3] for t in r)  # some tokens can never be drafted
+    else:
+        drafter.draft_vocab = None  # the whole head, in bf16 (the shipped drafter has a 16,384-token subset)
     dtype = torch.bfloat16 if head == "bf16" else torch.float32
     eng = ReferenceEngine(target, drafter, EngineConfig(8, 64, EOS, draft_head_dtype=dtype))
     assert eng.head.weight.dtype == dtype and target.lm_head_weight.dtype == torch.float32

@@ -1,7 +1,9 @@
-"""Where the drafter runs: its own CUDA stream (ordered by events) on CUDA, inline elsewhere.
+"""Where the drafter runs: its own CUDA stream on CUDA, inline elsewhere.
 
 The same worker code runs on both: ``with plan.draft(): ...`` then ``plan.join()`` before the
-target consumes the drafts. On CPU both are no-ops.
+target consumes the drafts. On CPU both are no-ops. Today the worker joins right after drafting (the
+verify reads the drafts), so the side stream orders the draft after the previous target pass but
+overlaps nothing; the event design it is meant for is docs/gpu_path.md section 2 (planned).
 """
 
 from __future__ import annotations

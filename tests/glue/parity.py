@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import urllib.error
 import urllib.request
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -41,3 +42,17 @@ def post(srv, path: str, body: dict[str, Any] | bytes) -> tuple[int, Any]:  # no
             return err.code, json.loads(text)
         except json.JSONDecodeError:
             return err.code, text
+
+
+def same_distribution_pvalue(spec: Counter, plain: Counter, n: int, min_count: int = 10) -> float:
+    """Chi-square test that two samples of ``n`` outcomes each come from one distribution: outcomes
+    seen at least ``min_count`` times in all are kept, the rest pooled into one column."""
+    from scipy.stats import chi2_contingency
+
+    keys = sorted(set(spec) | set(plain), key=lambda k: -(spec[k] + plain[k]))
+    common = [k for k in keys if spec[k] + plain[k] >= min_count]
+    rows = [[spec[k] for k in common] + [n - sum(spec[k] for k in common)],
+            [plain[k] for k in common] + [n - sum(plain[k] for k in common)]]
+    cols = [c for c in zip(*rows, strict=True) if sum(c) > 0]
+    assert len(cols) >= 3, f"too few outcomes to compare: {keys[:5]}"
+    return float(chi2_contingency([list(r) for r in zip(*cols, strict=True)]).pvalue)

@@ -173,7 +173,7 @@ def test_aborts_under_load_leak_no_kv(dflash16, prompt_ids) -> None:
 def test_sampling_distribution_matches_nospec(sglang_server, dflash16) -> None:
     from collections import Counter
 
-    from scipy.stats import chi2_contingency
+    from parity import same_distribution_pvalue
 
     prompt = "<|im_start|>user\nSay one word.<|im_end|>\n<|im_start|>assistant\n"
     n = 240
@@ -189,13 +189,7 @@ def test_sampling_distribution_matches_nospec(sglang_server, dflash16) -> None:
     spec = samples(dflash16)
     with sglang_server([]) as plain_srv:
         plain = samples(plain_srv)
-    keys = sorted(set(spec) | set(plain), key=lambda k: -(spec[k] + plain[k]))
-    common = [k for k in keys if spec[k] + plain[k] >= 10]
-    rows = [[spec[k] for k in common] + [n - sum(spec[k] for k in common)],
-            [plain[k] for k in common] + [n - sum(plain[k] for k in common)]]
-    rows = [r for r in zip(*rows, strict=True) if sum(r) > 0]
-    assert len(rows) >= 3, f"too few outcomes to compare: {keys[:5]}"
-    p = chi2_contingency([list(c) for c in zip(*rows, strict=True)]).pvalue
+    p = same_distribution_pvalue(spec, plain, n)
     assert p > 1e-3, f"DFLASH sampling distribution differs from no-spec (p={p:.2e})"
 
 

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from parity import COMMON, STRICT, client, post, readme_dflash_args
+from parity import COMMON, STRICT, client, post, readme_dflash_args, same_distribution_pvalue
 
 pytestmark = pytest.mark.slow
 COLORS = [{"role": "user", "content": "List three colors, one per line, numbered."}]
@@ -316,7 +316,6 @@ def test_sampled_penalised_distribution_matches_nospec(nospec, dflash) -> None:
     distribution of the first three tokens is the no-spec server's (chi-squared, as in the plain test)."""
     from collections import Counter
 
-    from scipy.stats import chi2_contingency
 
     prompt = "<|im_start|>user\nSay yes yes yes yes.<|im_end|>\n<|im_start|>assistant\n"
     n = 240
@@ -331,11 +330,5 @@ def test_sampled_penalised_distribution_matches_nospec(nospec, dflash) -> None:
             return Counter(pool.map(one, range(n)))
 
     spec, plain = samples(dflash), samples(nospec)
-    keys = sorted(set(spec) | set(plain), key=lambda k: -(spec[k] + plain[k]))
-    common = [k for k in keys if spec[k] + plain[k] >= 10]
-    rows = [[spec[k] for k in common] + [n - sum(spec[k] for k in common)],
-            [plain[k] for k in common] + [n - sum(plain[k] for k in common)]]
-    cols = [c for c in zip(*rows, strict=True) if sum(c) > 0]
-    assert len(cols) >= 3, f"too few outcomes to compare: {keys[:5]}"
-    p = chi2_contingency([list(r) for r in zip(*cols, strict=True)]).pvalue
+    p = same_distribution_pvalue(spec, plain, n)
     assert p > 1e-3, f"DFLASH penalised sampling differs from no-spec (p={p:.2e})"

@@ -22,7 +22,7 @@ demo: setup
 # before triton specialises the kernels, and nothing else in that process may have touched triton.
 test: setup
 	$(PY) -m pytest -ra tests/kernels
-	$(PY) -m pytest -ra -m "slow or not slow" --ignore=tests/kernels
+	$(PY) -m pytest -ra --durations=30 -m "slow or not slow" --ignore=tests/kernels
 
 test-fast: setup
 	$(PY) -m pytest -ra tests/kernels

@@ -49,7 +49,9 @@ def _setup() -> tuple[BlockLoss, list, torch.Tensor]:
         for p in drafter.parameters():
             p.add_(0.3 * torch.randn_like(p))
     samples = tiny_samples(target, n=2, answer=24)
-    return BlockLoss(drafter, target.embed_weight, target.lm_head_weight, 7.0), samples, target.embed_weight
+    # fp32 head on every CPU (the default is bf16 where the CPU multiplies bf16 natively): exact references
+    loss = BlockLoss(drafter, target.embed_weight, target.lm_head_weight, 7.0, torch.float32)
+    return loss, samples, target.embed_weight
 
 
 def _batch(samples: list, anchors: list[torch.Tensor], ids: list | None = None, taps: list | None = None):
@@ -141,7 +143,7 @@ def test_loss_over_a_draft_vocabulary_leaves_out_what_cannot_be_drafted() -> Non
     labels = b.labels[:, :1].flatten()  # [2 * (B-1)]
     vocab = labels.unique()[::2]  # about half the label tokens (and few others)
     loss.drafter.draft_vocab = vocab
-    sub = BlockLoss(loss.drafter, loss.embed_weight, loss.head.weight, 7.0)
+    sub = BlockLoss(loss.drafter, loss.embed_weight, loss.head.weight, 7.0, torch.float32)
     loss.drafter.draft_vocab = None
     assert sub.head.size == len(vocab)
     with torch.no_grad():
@@ -165,7 +167,7 @@ def test_train_vocabulary_adds_the_batch_labels_so_none_is_dropped() -> None:
     b = _batch(samples, anchors)
     labels = b.labels[:, :1].flatten()
     frequent = torch.tensor([0, 1, 2, 3])
-    sub = BlockLoss(loss.drafter, loss.embed_weight, loss.head.weight, 7.0, train_vocab=frequent)
+    sub = BlockLoss(loss.drafter, loss.embed_weight, loss.head.weight, 7.0, torch.float32, train_vocab=frequent)
     with torch.no_grad():
         out = sub(b)
         rows = torch.cat([frequent, labels]).unique()

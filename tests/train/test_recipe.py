@@ -167,7 +167,8 @@ def test_train_vocabulary_adds_the_batch_labels_so_none_is_dropped() -> None:
     b = _batch(samples, anchors)
     labels = b.labels[:, :1].flatten()
     frequent = torch.tensor([0, 1, 2, 3])
-    sub = BlockLoss(loss.drafter, loss.embed_weight, loss.head.weight, 7.0, torch.float32, train_vocab=frequent)
+    sub = BlockLoss(loss.drafter, loss.embed_weight, loss.head.weight, 7.0, torch.float32,
+                    train_vocab=frequent)
     with torch.no_grad():
         out = sub(b)
         rows = torch.cat([frequent, labels]).unique()

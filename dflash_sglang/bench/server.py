@@ -33,10 +33,11 @@ from ..settings import settings
 PLATFORM_NAME = "dflash_cpu"
 DEFAULT_STARTUP_TIMEOUT_S = 300.0
 FATAL_LOG_MARKER = "Scheduler hit an exception"
-# Small, deterministic CPU server: fp32 SmolLM2, no overlap scheduler, no graphs, bounded KV pool.
+# Small, deterministic CPU server: fp32 SmolLM2, SGLang's default (overlap) scheduler, no graphs,
+# bounded KV pool. Add OVERLAP_OFF to run the non-overlap loop.
+OVERLAP_OFF = "--disable-overlap-schedule"
 BASE_SERVER_ARGS: tuple[str, ...] = (
     "--dtype", "float32",
-    "--disable-overlap-schedule",
     "--disable-cuda-graph",
     "--mem-fraction-static", "0.8",  # of host RAM; the KV pool is capped below
     "--max-total-tokens", "16384",

@@ -9,13 +9,15 @@ then ``Sampler._preprocess_logits``), in this order:
   4. custom logit processors.
 Verification must see the same adjusted logits, position by position. The penalties depend on the
 tokens before each position, which inside a block include the earlier drafts: row j is scored with
-the history ``req.output_ids + drafts[1..j]`` (``core.penalties``). SGLang's own penalizer state is
+the history ``committed output + drafts[1..j]`` (``core.penalties``). SGLang's own penalizer state is
 not available here (the forward sees a copy of SamplingBatchInfo without the orchestrator) and is
 not advanced under DFLASH anyway (its V2 decode preparation never cumulates output tokens), so the
-counts come from ``req.output_ids`` and the parameters from each request's sampling params.
+counts come from the committed output and the parameters from each request's sampling params.
 
-Invariant: with the non-overlap scheduler, ``req.output_ids`` holds every committed output token,
-the block's token 0 (the last bonus) included, when the decode step runs.
+The caller passes the committed output of every request (``outputs``): under the overlap scheduler
+``req.output_ids`` lags one step behind, so the worker completes it (``glue.history``). Invariant:
+``outputs[i]`` holds every committed output token of request i, the block's token 0 (the last bonus)
+included.
 """
 
 from __future__ import annotations
@@ -42,23 +44,32 @@ def needs_adjustment(batch: Any) -> bool:
                 or any(_has_penalty(r.sampling_params) for r in batch.reqs))
 
 
+def needs_history(req: Any) -> bool:
+    """Host-side: does the request's adjustment read its committed output (penalties, processors)?"""
+    return _has_penalty(req.sampling_params) or getattr(req, "custom_logit_processor", None) is not None
+
+
 def adjust_block_logits(batch: Any, block_tokens: torch.Tensor, logits: torch.Tensor,
-                        grammar: BlockMasks | None = None) -> torch.Tensor:
-    """block_tokens [bs, B], logits [bs, B, V] (raw target) -> adjusted logits [bs, B, V] (a copy)."""
+                        grammar: BlockMasks | None, outputs: list[list[int]]) -> torch.Tensor:
+    """block_tokens [bs, B], logits [bs, B, V] (raw target) -> adjusted logits [bs, B, V] (a copy).
+
+    outputs: each request's committed output ids (``CommittedHistory.outputs``; ``req.output_ids``
+    alone lags a step under the overlap scheduler)."""
     info = batch.sampling_info
     bs, nb, vocab = logits.shape
     out = logits.clone()
-    _apply_penalties(batch.reqs, block_tokens, out)
+    _apply_penalties(batch.reqs, outputs, block_tokens, out)
     if grammar is not None:
         grammar.apply_(out)
     if info.logit_bias is not None:
         out += info.logit_bias.to(out.dtype).view(bs, 1, vocab)
     if info.has_custom_logit_processor:
-        _apply_custom_processors(batch.reqs, info, block_tokens, out)
+        _apply_custom_processors(batch.reqs, outputs, info, block_tokens, out)
     return out
 
 
-def _apply_custom_processors(reqs: list, info: Any, block_tokens: torch.Tensor, out: torch.Tensor) -> None:
+def _apply_custom_processors(reqs: list, outputs: list[list[int]], info: Any, block_tokens: torch.Tensor,
+                             out: torch.Tensor) -> None:
     """SGLang's custom logit processors, one block row at a time (in place on ``out`` [bs, B, V]).
 
     A processor may read the request's history (``custom_params["__req__"].output_ids``), so for row j
@@ -69,8 +80,8 @@ def _apply_custom_processors(reqs: list, info: Any, block_tokens: torch.Tensor, 
     drafts = block_tokens[:, 1:].tolist()  # host copy: processors are host code
     try:
         for j in range(out.shape[1]):
-            for r, base, d in zip(reqs, committed, drafts, strict=True):
-                r.output_ids = _extended(base, d[:j])
+            for r, base, full, d in zip(reqs, committed, outputs, drafts, strict=True):
+                r.output_ids = _extended(base, full[len(base):] + d[:j])
             row = out[:, j].contiguous()  # [bs, V]
             apply_custom_logit_processor(row, info)
             out[:, j] = row
@@ -79,7 +90,8 @@ def _apply_custom_processors(reqs: list, info: Any, block_tokens: torch.Tensor, 
             r.output_ids = base
 
 
-def _apply_penalties(reqs: list, block_tokens: torch.Tensor, out: torch.Tensor) -> None:
+def _apply_penalties(reqs: list, outputs: list[list[int]], block_tokens: torch.Tensor,
+                     out: torch.Tensor) -> None:
     """Penalise (in place) the rows of ``out`` [bs, B, V] whose requests carry a penalty."""
     rows = [i for i, r in enumerate(reqs) if _has_penalty(r.sampling_params)]
     if not rows:
@@ -87,7 +99,7 @@ def _apply_penalties(reqs: list, block_tokens: torch.Tensor, out: torch.Tensor) 
     device, vocab = out.device, out.shape[-1]
     idx = torch.tensor(rows, dtype=torch.int64, device=device)
     params = _penalty_params([reqs[i] for i in rows], vocab, device)
-    history = OutputHistory.from_ids([reqs[i].output_ids for i in rows], vocab, device)
+    history = OutputHistory.from_ids([outputs[i] for i in rows], vocab, device)
     hist = block_histories(history, block_tokens[idx])
     out[idx] = apply_penalties(out[idx], hist, params, ORDER)
 

@@ -34,8 +34,9 @@ from ..core.sampling import probs_from_logits, sample_from_probs
 from ..core.verify import verify
 from ..settings import settings
 from .batch_math import Block, committed_rows, extend_positions, make_block, sampling_from_sglang
+from .history import CommittedHistory
 from .kernel_choice import choose_kernels
-from .logit_adjust import adjust_block_logits, needs_adjustment
+from .logit_adjust import adjust_block_logits, needs_adjustment, needs_history
 from .sglang_drafter import DFlashDraftModel
 from .streams import StreamPlan
 
@@ -75,6 +76,7 @@ class DFlashWorker(BaseSpecWorker):
         self.streams = StreamPlan.for_device(self.device)
         self.kernels = choose_kernels(self.device)  # Triton on CUDA, torch elsewhere: chosen once
         self.policy = _block_policy(self.block_size, self.device)
+        self.history = CommittedHistory()  # committed output one step ahead of req.output_ids (overlap)
         self.stats = {"injected": 0, "draft_forwards": 0, "switches_logged": 0}
         logger.info("dflash-sglang: our DFlash worker runs (block %d, taps %s, sampling %s, streams %s, "
                     "adaptive block %s, kernels %s, draft vocabulary %d)", self.block_size,
@@ -118,6 +120,7 @@ class DFlashWorker(BaseSpecWorker):
         logger.info("dflash-sglang: prefill injected %d context positions (%d reused from cache)",
                     slots.numel(), sum(batch.prefix_lens))
         out.logits_output.hidden_states = None
+        self._remember(batch, first=out.next_token_ids)
         out.next_draft_input = make_draft_input_v2(bonus_tokens=out.next_token_ids,
                                                    new_seq_lens=batch.seq_lens)
         return out
@@ -155,6 +158,7 @@ class DFlashWorker(BaseSpecWorker):
             self._record_policy(bs, nb, res.accept_len, _elapsed(started, self.device))
         new_lens = prefix + res.num_committed
         publish(new_lens)
+        self._remember(batch, committed=res.committed, counts=res.num_committed)
         keep = committed_rows(res.num_committed, nb)  # [bs, B]
         self._inject(taps.view(bs * nb, -1)[keep.view(-1)], block.positions[keep], block.slots[keep])
         logits_output.hidden_states = None
@@ -177,7 +181,20 @@ class DFlashWorker(BaseSpecWorker):
         if masks is None and not needs_adjustment(batch):
             return logits
         bs, nb = block.tokens.shape
-        return adjust_block_logits(batch, block.tokens, logits.view(bs, nb, -1), masks).flatten(0, 1)
+        outputs = self.history.outputs(batch.reqs)
+        return adjust_block_logits(batch, block.tokens, logits.view(bs, nb, -1), masks, outputs).flatten(0, 1)
+
+    def _remember(self, batch: Any, first: torch.Tensor | None = None, committed: torch.Tensor | None = None,
+                  counts: torch.Tensor | None = None) -> None:
+        """Extends the committed trail of requests whose scores read their history: after a prefill
+        (first [bs]) or a decode step (committed [bs, B] -1 padded, counts [bs])."""
+        rows = [i for i, r in enumerate(batch.reqs) if needs_history(r)]
+        if not rows:
+            return
+        if first is not None:
+            self.history.start(batch.reqs, rows, first)
+        else:
+            self.history.extend(batch.reqs, rows, committed, counts)
 
     def _draft(self, batch: Any, block: Block, sampling: Any, host_lens: torch.Tensor,
                grammar: BlockGrammar | None) -> tuple[torch.Tensor | None, BlockMasks | None]:

@@ -46,7 +46,9 @@ class DFlashCpuPlatform(CpuDeviceMixin, SRTPlatform):
         if server_args.attention_backend in (None, "intel_amx"):
             server_args.attention_backend = ATTENTION_BACKEND_NAME
         server_args.disable_cuda_graph = True
-        server_args.disable_overlap_schedule = True
+        # The overlap scheduler (SGLang's default) is left as the user chose: its streams and events
+        # are CPU no-ops (torch.cpu.Stream/Event), so the loop runs with result processing one step
+        # behind the forward, exactly as on CUDA (issue 18).
 
     def init_backend(self) -> None:
         """Called once per worker process (at ``model_runner`` import): install backend + patches."""

@@ -6,7 +6,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from parity import COMMON, NOSPEC_ENV, STRICT, readme_dflash_args
+from parity import COMMON, NOSPEC_ARGS, NOSPEC_ENV, STRICT, readme_dflash_args
 from server_fixture import ServerFactory
 
 from dflash_sglang.core.random_drafter import build_random_drafter
@@ -57,7 +57,7 @@ def parity_servers() -> Iterator[ServerFactory]:
 
 @pytest.fixture(scope="session")
 def nospec(parity_servers: ServerFactory):  # noqa: ANN201
-    return parity_servers.start(COMMON, env=NOSPEC_ENV)
+    return parity_servers.start(NOSPEC_ARGS, env=NOSPEC_ENV)
 
 
 @pytest.fixture(scope="session")

@@ -16,6 +16,12 @@ from typing import Any
 STRICT = {"SGLANG_ENABLE_STRICT_MEM_CHECK_DURING_IDLE": "1", "DFLASH_SGLANG_ADAPTIVE": "off"}
 NOSPEC_ENV = {"SGLANG_ENABLE_STRICT_MEM_CHECK_DURING_IDLE": "1"}
 COMMON = ["--enable-custom-logit-processor"]
+# The no-spec reference runs SGLang's non-overlap loop: under overlap, SGLang 0.5.23's no-spec penalizer
+# counts output_ids[-1] before the previous step is processed, i.e. one token late and, at the first
+# decode step, the prompt's last token (ScheduleBatch.cumulate_penalty_output_tokens). Penalised
+# requests then differ from the penalties' definition; the non-overlap loop applies them exactly, and
+# DFLASH (overlap on, SGLang's default) must equal that. Without penalties both loops agree.
+NOSPEC_ARGS = [*COMMON, "--disable-overlap-schedule"]
 
 
 def readme_dflash_args(drafter: Path) -> list[str]:

@@ -84,7 +84,7 @@ def test_block_penalties_equal_sglangs_sequential_penalizers(seed: int) -> None:
     info = SimpleNamespace(penalizer_orchestrator=None, logit_bias=None, has_custom_logit_processor=False)
     batch = SimpleNamespace(sampling_info=info, reqs=reqs)
     assert needs_adjustment(batch)
-    ours = adjust_block_logits(batch, block, logits)
+    ours = adjust_block_logits(batch, block, logits, None, [list(r.output_ids) for r in batch.reqs])
     want = reference_rows(reqs, block, logits)
     assert torch.equal(torch.isneginf(ours), torch.isneginf(want))
     finite = torch.isfinite(want)
@@ -100,7 +100,8 @@ def test_logit_bias_is_added_at_every_position() -> None:
     batch = SimpleNamespace(sampling_info=info, reqs=[])
     assert needs_adjustment(batch)
     logits = torch.randn(bs, nb, V)
-    out = adjust_block_logits(batch, torch.zeros(bs, nb).long(), logits)
+    out = adjust_block_logits(batch, torch.zeros(bs, nb).long(), logits, None,
+                              [list(r.output_ids) for r in batch.reqs])
     assert (out[0].argmax(-1) == 7).all()
     torch.testing.assert_close(out[1], logits[1])
 

@@ -10,10 +10,12 @@ import random
 import subprocess
 import sys
 import threading
+from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
+from server_fixture import OVERLAP_OFF
 
 pytestmark = pytest.mark.slow
 NEW = 64
@@ -36,15 +38,28 @@ def greedy(srv, prompts: list[list[int]], concurrency: int, new: int = NEW) -> l
 
 
 @pytest.fixture(scope="module")
-def reference(sglang_server, prompt_ids) -> list[list[int]]:
+def plain(sglang_server):
+    """The no-spec server (SGLang's default loop), kept for the module."""
+    return sglang_server.start([])
+
+
+@pytest.fixture(scope="module")
+def reference(plain, prompt_ids) -> list[list[int]]:
     """The no-spec server's greedy token ids, one request at a time."""
-    with sglang_server([]) as srv:
-        return [r["output_ids"] for r in greedy(srv, prompt_ids, 1)]
+    return [r["output_ids"] for r in greedy(plain, prompt_ids, 1)]
 
 
 @pytest.fixture(scope="module")
 def dflash16(sglang_server, drafter_path):
+    """Block 16 under SGLang's default (overlap) scheduler."""
     return sglang_server.start(dflash_args(drafter_path, 16), env=STRICT)
+
+
+@pytest.fixture(scope="module", params=["overlap", "no-overlap"])
+def dflash16_loop(request, sglang_server, drafter_path):
+    """Block 16 under each scheduler loop: the tests that take it run with overlap on and off."""
+    extra = [] if request.param == "overlap" else [OVERLAP_OFF]
+    return sglang_server.start(dflash_args(drafter_path, 16) + extra, env=STRICT)
 
 
 def assert_same(got: list[dict], want: list[list[int]], what: str) -> None:
@@ -57,26 +72,24 @@ def test_our_worker_is_the_one_running(dflash16) -> None:
     assert "dflash-sglang: our DFlash worker runs (block 16" in log
 
 
-@pytest.mark.parametrize("block", [4, 8, 16])
-def test_greedy_identical_to_nospec(sglang_server, dflash16, drafter_path, prompt_ids, reference, block):
-    if block == 16:
-        srv_ctx = None
-        srv = dflash16
-    else:
-        srv_ctx = sglang_server(dflash_args(drafter_path, block), env=STRICT)
-        srv = srv_ctx.__enter__()
-    try:
+def test_greedy_identical_to_nospec_at_block_16(dflash16_loop, prompt_ids, reference):
+    srv = dflash16_loop
+    # Ragged batches (concurrency 8) on all 16 prompts (the tau test covers 8 prompts one at a time).
+    got = greedy(srv, prompt_ids, 8)
+    assert_same(got, reference, "block 16, concurrency 8")
+    assert all(g["meta_info"]["spec_verify_ct"] > 0 for g in got)
+
+
+@pytest.mark.parametrize("block", [4, 8])
+def test_greedy_identical_to_nospec(sglang_server, drafter_path, prompt_ids, reference, block):
+    with sglang_server(dflash_args(drafter_path, block), env=STRICT) as srv:
         assert f"our DFlash worker runs (block {block}" in srv.log_path.read_text(errors="replace")
-        # Ragged batches (concurrency 8) on all 16 prompts; one request at a time on the first 4 (at
-        # block 16 the tau test below covers 8 prompts one at a time). A fixed block on 2 cores decodes
-        # at 3-5 tok/s, so every prompt-pass here costs minutes of CI.
-        for conc, n in ((8, len(prompt_ids)), (1, 0 if block == 16 else 4)):
+        # Ragged batches (concurrency 8) on all 16 prompts; one request at a time on the first 4. A
+        # fixed block on 2 cores decodes at 3-5 tok/s, so every prompt-pass here costs minutes of CI.
+        for conc, n in ((8, len(prompt_ids)), (1, 4)):
             got = greedy(srv, prompt_ids[:n], conc)
             assert_same(got, reference[:n], f"block {block}, concurrency {conc}")
             assert all(g["meta_info"]["spec_verify_ct"] > 0 for g in got)
-    finally:
-        if srv_ctx is not None:
-            srv_ctx.__exit__(None, None, None)
 
 
 def test_greedy_identical_with_the_adaptive_policy(sglang_server, drafter_path, prompt_ids, reference):
@@ -125,7 +138,8 @@ def injected_lines(srv) -> list[tuple[int, int]]:
     return out
 
 
-def test_radix_prefix_hit_reuses_target_and_draft_kv(dflash16, prompt_ids, reference) -> None:
+def test_radix_prefix_hit_reuses_target_and_draft_kv(dflash16_loop, prompt_ids, reference) -> None:
+    dflash16 = dflash16_loop
     long_prefix = prompt_ids[3] * 3  # a long prompt nobody sent before
     first = dflash16.generate(input_ids=long_prefix, max_new_tokens=32)
     before = len(injected_lines(dflash16))
@@ -140,7 +154,69 @@ def test_radix_prefix_hit_reuses_target_and_draft_kv(dflash16, prompt_ids, refer
     assert injected == len(long_prefix) - cached and reused == cached
 
 
-def test_aborts_under_load_leak_no_kv(dflash16, prompt_ids) -> None:
+def _generate(srv, ids: list[int], **sampling) -> dict:  # noqa: ANN001
+    from parity import post
+
+    body = {"input_ids": ids, "sampling_params": {"temperature": 0.0, **sampling}}
+    status, body = post(srv, "/generate", body)
+    assert status == 200, body
+    return body
+
+
+def test_requests_stopping_mid_block_cache_only_written_kv(dflash16_loop, plain, prompt_ids) -> None:
+    """Overshoot (upstream #35694): a request that stops inside a block (max_new_tokens, a stop token)
+    has drafts and a bonus past its end, and under overlap it even runs one more step before SGLang sees
+    it finished. Its radix entry must hold only tokens whose KV was written: a request that continues
+    through that prefix, past the stopped request's last token, equals no-spec."""
+    srv, ids = dflash16_loop, prompt_ids[5]
+    full = _generate(plain, ids, max_new_tokens=24)["output_ids"]
+    for k in (3, 6, 11):
+        for stop in ({"max_new_tokens": k}, {"max_new_tokens": 24, "stop_token_ids": [full[k - 1]]}):
+            got = _generate(srv, ids, **stop)
+            assert got["output_ids"] == _generate(plain, ids, **stop)["output_ids"], (k, stop)
+            longer = ids + got["output_ids"] + full[len(got["output_ids"]):][:2]
+            cont = _generate(srv, longer, max_new_tokens=12)
+            assert cont["output_ids"] == _generate(plain, longer, max_new_tokens=12)["output_ids"], (k, stop)
+            assert cont["meta_info"]["cached_tokens"] >= len(ids)
+
+
+def test_radix_hit_reuses_draft_kv_written_while_decoding(dflash16_loop, plain, target_path) -> None:
+    """A finished request's radix entry covers tokens whose draft KV was injected during decode (under
+    overlap, inserted while the next step runs). A request extending it drafts from that reused draft KV:
+    same output and the same number of verify steps as the same request with a cold cache (prefill
+    injection). Missing or stale draft KV keeps the output (lossless) but costs acceptance."""
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(str(target_path))
+    text = "<|im_start|>user\nCount from 1 to 200, separated by commas.<|im_end|>\n<|im_start|>assistant\n"
+    ids = tok(text)["input_ids"]
+    srv = dflash16_loop
+    first = _generate(srv, ids, max_new_tokens=40)
+    follow = ids + first["output_ids"]
+    warm = _generate(srv, follow, max_new_tokens=24)
+    assert warm["meta_info"]["cached_tokens"] >= len(follow) - 1
+    assert _post_flush(srv)
+    cold = _generate(srv, follow, max_new_tokens=24)
+    assert cold["meta_info"]["cached_tokens"] == 0
+    want = _generate(plain, follow, max_new_tokens=24)["output_ids"]
+    assert warm["output_ids"] == cold["output_ids"] == want
+    steps = (warm["meta_info"]["spec_verify_ct"], cold["meta_info"]["spec_verify_ct"])
+    tau = len(cold["output_ids"]) / steps[1]
+    assert tau > 1.3, f"the drafter accepts too little here for the comparison to mean anything ({tau:.2f})"
+    print(f"verify steps warm {steps[0]} cold {steps[1]} for {len(want)} tokens")
+    assert abs(steps[0] - steps[1]) <= 1, f"verify steps warm {steps[0]} vs cold {steps[1]}"
+
+
+def _post_flush(srv) -> bool:  # noqa: ANN001
+    import urllib.request
+
+    req = urllib.request.Request(f"{srv.base_url}/flush_cache", data=b"", method="POST")
+    with urllib.request.urlopen(req, timeout=60) as r:
+        return r.status == 200
+
+
+def test_aborts_under_load_leak_no_kv(dflash16_loop, prompt_ids) -> None:
+    dflash16 = dflash16_loop
     rids = [f"abort-{i}-{random.random()}" for i in range(6)]
     errors: list[Exception] = []
 
@@ -170,26 +246,29 @@ def test_aborts_under_load_leak_no_kv(dflash16, prompt_ids) -> None:
     assert len(ok["output_ids"]) == 8
 
 
-def test_sampling_distribution_matches_nospec(sglang_server, dflash16) -> None:
-    from collections import Counter
+WORD_PROMPT = "<|im_start|>user\nSay one word.<|im_end|>\n<|im_start|>assistant\n"
+WORD_SAMPLES = 240
 
+
+def word_samples(srv) -> Counter:  # noqa: ANN001
+    """The first two tokens of WORD_SAMPLES seeded samples at temperature 0.7."""
+    def one(i: int) -> tuple[int, ...]:
+        r = srv.generate(text=WORD_PROMPT, max_new_tokens=2, temperature=0.7, sampling_seed=i)
+        return tuple(r["output_ids"][:2])
+
+    with ThreadPoolExecutor(8) as pool:
+        return Counter(pool.map(one, range(WORD_SAMPLES)))
+
+
+@pytest.fixture(scope="module")
+def plain_word_samples(plain) -> Counter:
+    return word_samples(plain)
+
+
+def test_sampling_distribution_matches_nospec(plain_word_samples, dflash16_loop) -> None:
     from parity import same_distribution_pvalue
 
-    prompt = "<|im_start|>user\nSay one word.<|im_end|>\n<|im_start|>assistant\n"
-    n = 240
-
-    def samples(srv) -> Counter:
-        def one(i: int) -> tuple[int, ...]:
-            r = srv.generate(text=prompt, max_new_tokens=2, temperature=0.7, sampling_seed=i)
-            return tuple(r["output_ids"][:2])
-
-        with ThreadPoolExecutor(8) as pool:
-            return Counter(pool.map(one, range(n)))
-
-    spec = samples(dflash16)
-    with sglang_server([]) as plain_srv:
-        plain = samples(plain_srv)
-    p = same_distribution_pvalue(spec, plain, n)
+    p = same_distribution_pvalue(word_samples(dflash16_loop), plain_word_samples, WORD_SAMPLES)
     assert p > 1e-3, f"DFLASH sampling distribution differs from no-spec (p={p:.2e})"
 
 

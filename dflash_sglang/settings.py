@@ -23,6 +23,7 @@ CACHE_ENV = "DFLASH_SGLANG_CACHE"
 DATA_ENV = "DFLASH_SGLANG_DATA"
 THREADS_ENV = "DFLASH_SGLANG_SERVER_THREADS"
 GRAMMAR_DRAFT_ENV = "DFLASH_SGLANG_GRAMMAR_DRAFT"
+HOST_READ_AUDIT_ENV = "DFLASH_SGLANG_HOST_READ_AUDIT"
 
 
 class SettingsError(ValueError):
@@ -74,6 +75,7 @@ VARS: tuple[Var, ...] = (
     Var(DATA_ENV, "data", "", _data),
     Var(THREADS_ENV, "server_threads", "1", _positive_int),
     Var(GRAMMAR_DRAFT_ENV, "grammar_draft", "on", _choice("on", "off")),
+    Var(HOST_READ_AUDIT_ENV, "host_read_audit", "off", _choice("on", "off")),
 )
 
 
@@ -87,6 +89,7 @@ class Settings:
     data: Path  # prompt data (Spec-Bench, GSM8K train, ...)
     server_threads: int  # OpenMP threads of a server started by the bench harness or the tests
     grammar_draft: str  # "on" | "off": constrained requests draft under their grammar's masks
+    host_read_audit: str  # "on" | "off": log the host reads (syncs) of every decode step
 
     @classmethod
     def from_env(cls, env: Mapping[str, str]) -> Settings:

@@ -24,6 +24,9 @@ class SamplingConfig:
     top_k: torch.Tensor  # [bs] int64, 0 or >= V -> off
     top_p: torch.Tensor  # [bs] float32, 1.0 -> off
     min_p: torch.Tensor | None = None  # [bs] float32, 0.0 -> off; None: off for every row
+    # Host-side hints that spare a device read; None: computed from the tensors (one host read each).
+    all_greedy: bool | None = None  # is every row greedy?
+    any_filter: bool | None = None  # does any row filter by top-k / top-p / min-p?
 
     def __post_init__(self) -> None:
         bs = self.temperature.shape
@@ -59,7 +62,10 @@ class SamplingConfig:
 
 
 def _filter_active(cfg: SamplingConfig, vocab: int) -> bool:
-    """Host-side check (one small sync) so the expensive sort is skipped when no row filters."""
+    """Host-side check so the expensive sort is skipped when no row filters (one small sync, unless the
+    caller's hint answers it)."""
+    if cfg.any_filter is not None:
+        return cfg.any_filter
     k_on = (cfg.top_k > 0) & (cfg.top_k < vocab)
     p_on = cfg.top_p < 1.0
     if cfg.min_p is not None:

@@ -173,11 +173,13 @@ def verify(
     Greedy rows (temperature 0) get greedy_verify on the raw logits (top-k/top-p ignored). Sampled rows
     get rejection_verify when draft_probs [bs, B-1, V] is given (it must be the distribution the drafts
     were really sampled from, after the same temperature/top-k/top-p), else target_only_verify.
-    One host sync (is every row greedy?) skips the softmax when the whole batch is greedy.
+    When the whole batch is greedy the softmax is skipped; ``sampling.all_greedy`` says so from the host,
+    else one host read of ``is_greedy.all()`` decides.
     """
     greedy = greedy_verify(block_tokens, target_logits)
     is_greedy = sampling.is_greedy  # [bs]
-    if bool(is_greedy.all()):
+    all_greedy = sampling.all_greedy if sampling.all_greedy is not None else bool(is_greedy.all())
+    if all_greedy:
         return greedy
     target_probs = probs_from_logits(target_logits, sampling)  # [bs, B, V]
     if draft_probs is not None:

@@ -47,7 +47,9 @@ def sampling_from_sglang(info, bs: int, device: torch.device) -> SamplingConfig:
     top_k = torch.where(top_k >= (1 << 30), torch.zeros_like(top_k), top_k)
     min_p = info.min_ps.to(device=device, dtype=torch.float32).view(-1) if info.need_min_p_sampling else None
     top_p = info.top_ps.to(device=device, dtype=torch.float32).view(-1)
-    return SamplingConfig(temperature, top_k, top_p, min_p)
+    # SGLang's host flags answer "all greedy?" and "any filter?" without reading the tensors.
+    any_filter = bool(info.need_top_p_sampling or info.need_top_k_sampling or info.need_min_p_sampling)
+    return SamplingConfig(temperature, top_k, top_p, min_p, all_greedy=False, any_filter=any_filter)
 
 
 def committed_rows(num_committed: torch.Tensor, nb: int) -> torch.Tensor:

@@ -30,6 +30,7 @@ from ..core.adaptive import BlockPolicy
 from ..core.config import DFlashConfigError, TargetSpec
 from ..core.draft_head import DraftHead, load_draft_vocab
 from ..core.grammar import BlockGrammar, BlockMasks
+from ..core.host_reads import count_host_reads
 from ..core.sampling import probs_from_logits, sample_from_probs
 from ..core.verify import verify
 from ..settings import settings
@@ -42,6 +43,7 @@ from .streams import StreamPlan
 
 logger = logging.getLogger(__name__)
 ADAPTIVE_LOG = "dflash-sglang: adaptive block"  # + "<block> for batch bucket <bucket>", per switch
+HOST_READS_LOG = "dflash-sglang: host reads in decode step:"  # + total, by kind (settings.host_read_audit)
 
 
 class DFlashWorker(BaseSpecWorker):
@@ -70,6 +72,7 @@ class DFlashWorker(BaseSpecWorker):
                                     load_draft_vocab(server_args.speculative_draft_model_path))
         self.mask_id = _check_pair(self.draft_model, self.model_runner.model_config, self.block_size)
         self.sampling_mode = settings().sampling  # "rejection" | "target_only"
+        self.audit_host_reads = settings().host_read_audit == "on"
         self.grammar_draft = settings().grammar_draft == "on"  # structured output drafts under its grammar
         self.vocab_size = int(self.model_runner.model_config.vocab_size)
         self.generator = torch.Generator(device=self.device).manual_seed(int(server_args.random_seed or 0))
@@ -103,7 +106,14 @@ class DFlashWorker(BaseSpecWorker):
             return self._prefill(batch, publish, pp_proxy_tensors)
         if batch.forward_mode.is_idle():
             return self._idle(publish)
-        return self._decode(batch, publish, grammar_barrier)
+        if not self.audit_host_reads:
+            return self._decode(batch, publish, grammar_barrier)
+        with count_host_reads() as reads:
+            out = self._decode(batch, publish, grammar_barrier)
+        mode = "greedy" if batch.sampling_info.is_all_greedy else "sampled"
+        logger.info("%s %d %s (batch %d, %s) at %s", HOST_READS_LOG, reads.total(),
+                    dict(sorted(reads.items())), len(batch.reqs), mode, dict(sorted(reads.sites.items())))
+        return out
 
     # --------------------------------------------------------------------- phases
     def _prefill(self, batch: Any, publish: Any, pp_proxy_tensors: Any) -> GenerationBatchResult:

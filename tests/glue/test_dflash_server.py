@@ -5,8 +5,10 @@ Real SGLang servers on the CPU platform, talked to over HTTP on 127.0.0.1.
 
 from __future__ import annotations
 
+import ast
 import json
 import random
+import re
 import subprocess
 import sys
 import threading
@@ -22,6 +24,15 @@ NEW = 64
 # A leaked KV slot crashes the server; the adaptive block policy is off, so every decode step verifies the
 # block asked for (the fixed-block path, the GPU default). One test below runs the policy.
 STRICT = {"SGLANG_ENABLE_STRICT_MEM_CHECK_DURING_IDLE": "1", "DFLASH_SGLANG_ADAPTIVE": "off"}
+# Host reads of tensor values per decode step, by call site, SGLang's code inside the step included. None
+# is a device sync: both sites read host-side tensors. The CPU platform's attention backend lists the
+# batch's pool rows and lengths when it builds its padded metadata (twice per forward: SGLang initialises
+# it when building the ForwardBatch and again in the forward; two forwards, draft and target), and our
+# verify-batch builder sums the host mirror of the sequence lengths (once per forward). The worker and
+# core read nothing, greedy or sampled: a new .item()/.tolist()/bool() in the step fails here.
+HOST_READS = {"attention.py:init_forward_metadata": 8, "worker.py:_verify_forward_batch": 2}
+HOST_READ_LINE = re.compile(r"host reads in decode step: \d+ \{.*\} \(batch \d+, (greedy|sampled)\) "
+                            r"at (\{.*\})")
 
 
 def dflash_args(drafter: Path, block: int) -> list[str]:
@@ -59,7 +70,8 @@ def dflash16(sglang_server, drafter_path):
 def dflash16_loop(request, sglang_server, drafter_path):
     """Block 16 under each scheduler loop: the tests that take it run with overlap on and off."""
     extra = [] if request.param == "overlap" else [OVERLAP_OFF]
-    return sglang_server.start(dflash_args(drafter_path, 16) + extra, env=STRICT)
+    env = {**STRICT, "DFLASH_SGLANG_HOST_READ_AUDIT": "on"}
+    return sglang_server.start(dflash_args(drafter_path, 16) + extra, env=env)
 
 
 def assert_same(got: list[dict], want: list[list[int]], what: str) -> None:
@@ -152,6 +164,22 @@ def test_radix_prefix_hit_reuses_target_and_draft_kv(dflash16_loop, prompt_ids, 
     injected, reused = lines[-1]
     # Only the uncached tail was projected into the draft KV: the cached part was reused.
     assert injected == len(long_prefix) - cached and reused == cached
+
+
+def test_decode_step_host_reads_are_pinned(dflash16_loop, prompt_ids) -> None:
+    """Every decode step's host reads, counted by the worker (DFLASH_SGLANG_HOST_READ_AUDIT=on), equal
+    the pinned count for greedy and for sampled batches. A new .item()/.tolist()/bool() in the step
+    fails here."""
+    srv = dflash16_loop
+    start = len(srv.log_path.read_text(errors="replace").splitlines())
+    srv.generate(input_ids=prompt_ids[0], max_new_tokens=12)
+    srv.generate(input_ids=prompt_ids[1], max_new_tokens=12, temperature=0.7, sampling_seed=1)
+    lines = srv.log_path.read_text(errors="replace").splitlines()[start:]
+    steps = [(mode, ast.literal_eval(sites)) for line in lines if (m := HOST_READ_LINE.search(line))
+             for mode, sites in [m.groups()]]
+    assert {mode for mode, _ in steps} == {"greedy", "sampled"}, lines[-20:]
+    bad = [(mode, sites) for mode, sites in steps if sites != HOST_READS]
+    assert not bad, f"host reads per decode step differ from the pinned {HOST_READS}: {bad[:4]}"
 
 
 def _generate(srv, ids: list[int], **sampling) -> dict:  # noqa: ANN001

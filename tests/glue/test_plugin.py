@@ -115,13 +115,18 @@ def test_sampling_from_sglang_marks_greedy_rows() -> None:
         top_ps = torch.tensor([1.0, 0.9])
         min_ps = torch.tensor([0.0, 0.1])
         need_min_p_sampling = False
+        need_top_p_sampling = True  # row 1's top_p 0.9
+        need_top_k_sampling = True  # row 0's top_k 1 (SGLang's greedy row)
 
     cfg = sampling_from_sglang(Info(), 2, torch.device("cpu"))
     assert cfg.temperature.tolist() == [0.0, pytest.approx(0.7)]
     assert cfg.top_k.tolist() == [1, 0] and cfg.top_p.tolist() == [1.0, pytest.approx(0.9)]
     assert cfg.min_p is None
+    assert cfg.all_greedy is False and cfg.any_filter is True  # host hints: no tensor read to decide
     Info.need_min_p_sampling = True
     assert sampling_from_sglang(Info(), 2, torch.device("cpu")).min_p.tolist() == [0.0, pytest.approx(0.1)]
+    Info.need_min_p_sampling = Info.need_top_p_sampling = Info.need_top_k_sampling = False
+    assert sampling_from_sglang(Info(), 2, torch.device("cpu")).any_filter is False
 
 
 def test_launch_time_pair_check(tmp_path) -> None:

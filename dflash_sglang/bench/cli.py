@@ -7,6 +7,7 @@ JSON summary (tau, speedups over no-spec per concurrency); results.json and PNG 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import datetime as dt
 import shlex
 import sys
@@ -28,7 +29,7 @@ from .runner import (
     method_specs,
     run_method,
 )
-from .server import BASE_SERVER_ARGS, PLATFORM_NAME
+from .server import BASE_SERVER_ARGS, OVERLAP_OFF, PLATFORM_NAME
 from .stats import MethodResult, summary_line
 
 DEFAULT_DRAFTER = REPO / "drafters" / "smollm2-135m-dflash-b16"
@@ -50,6 +51,9 @@ def add_bench_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--concurrency", default=DEFAULT_CONCURRENCY, help="comma-separated client thread counts")
     p.add_argument("--methods", default=",".join(METHODS),
                    help=f"comma-separated subset of {','.join(METHODS)}")
+    p.add_argument("--scheduler", choices=SCHEDULERS, default="overlap",
+                   help="SGLang scheduler loop of every server; both: each method also runs as "
+                        "<method>-no-overlap (speedups stay relative to nospec)")
     p.add_argument("--ngram-draft-tokens", type=int, default=8,
                    help="--speculative-num-draft-tokens of NGRAM")
     p.add_argument("--server-threads", type=int, default=None,
@@ -59,6 +63,21 @@ def add_bench_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--out", default=None, help="output folder (default: benchmarks/out/<timestamp>)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
     p.set_defaults(func=run_bench)
+
+
+SCHEDULERS = ("overlap", "no-overlap", "both")
+
+
+def with_scheduler(specs: list[MethodSpec], scheduler: str) -> list[MethodSpec]:
+    """The method specs under the chosen loop(s): overlap is SGLang's default, no-overlap adds its flag."""
+    def off(spec: MethodSpec, name: str) -> MethodSpec:
+        return dataclasses.replace(spec, name=name, extra_args=(*spec.extra_args, OVERLAP_OFF))
+
+    if scheduler == "overlap":
+        return specs
+    if scheduler == "no-overlap":
+        return [off(s, s.name) for s in specs]
+    return [x for s in specs for x in (s, off(s, f"{s.name}-no-overlap"))]
 
 
 def int_list(text: str, what: str) -> tuple[int, ...]:
@@ -189,7 +208,8 @@ def run_bench(args: argparse.Namespace) -> int:
                         concurrency, args.request_timeout)
     common = ("--max-running-requests", str(max(concurrency))) if max(concurrency) > BASE_MAX_RUNNING else ()
     setup = ServerSetup(target, out_dir / "logs", args.startup_timeout, args.server_threads, common)
-    specs = method_specs(names, drafter, args.block_size, args.ngram_draft_tokens)
+    specs = with_scheduler(method_specs(names, drafter, args.block_size, args.ngram_draft_tokens),
+                           args.scheduler)
     bar = _progress_bar(len(specs) * len(concurrency) * len(workload.prompts), args.no_progress)
     measured: list[MethodResult] = []
     with bar:

@@ -23,6 +23,18 @@ def _models(sub: argparse._SubParsersAction) -> None:
         return 0
 
     f.set_defaults(func=run)
+    ph = msub.add_parser("pad-heads", help="a default model with zero heads added so that tensor "
+                         "parallelism can split it (SmolLM2-135M: --kv-heads 4 for --tp 2)")
+    ph.add_argument("name", nargs="?", default="smollm2-135m")
+    ph.add_argument("--kv-heads", type=int, default=4)
+
+    def run_pad(a: argparse.Namespace) -> int:
+        from .models import fetch_padded
+
+        print(fetch_padded(a.name, a.kv_heads, log=lambda m: print(m, file=sys.stderr)))
+        return 0
+
+    ph.set_defaults(func=run_pad)
 
 
 def _generate(sub: argparse._SubParsersAction) -> None:

@@ -148,3 +148,52 @@ def check_greedy_fixture(model_path: Path, src: ModelSource) -> tuple[bool, list
     fx = json.loads((FIXTURES / src.fixture).read_text())
     got = greedy_reference(model_path, fx["prompt_ids"], len(fx["output_ids"]))
     return got == fx["output_ids"], got, fx["output_ids"]
+
+
+def pad_heads(src: Path, out: Path, kv_heads: int) -> Path:
+    """Write ``src`` (a Llama/Qwen-style HF folder) with ``kv_heads`` KV heads and as many query heads per
+    KV head as before, adding heads that compute nothing: their query, key and value rows are zero and
+    so are their columns in o_proj. The model is the same function (only the summation order inside
+    o_proj changes); its head counts divide more tensor-parallel sizes. SmolLM2-135M (9 query, 3 KV
+    heads) cannot be split over 2 ranks; with 4 KV heads (12 query heads) it can.
+    """
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    cfg = json.loads((src / "config.json").read_text())
+    heads, kv, hidden = cfg["num_attention_heads"], cfg["num_key_value_heads"], cfg["hidden_size"]
+    head_dim = cfg.get("head_dim") or hidden // heads
+    if kv_heads < kv or heads % kv:
+        raise SystemExit(f"pad_heads: {kv_heads} KV heads < the model's {kv}, or {heads} % {kv} != 0")
+    group = heads // kv
+    extra_q, extra_kv = (kv_heads - kv) * group * head_dim, (kv_heads - kv) * head_dim
+    state = load_file(str(src / "model.safetensors"))
+    for name, w in list(state.items()):
+        if name.endswith("self_attn.q_proj.weight"):
+            state[name] = torch.cat([w, w.new_zeros(extra_q, w.shape[1])])
+        elif name.endswith(("self_attn.k_proj.weight", "self_attn.v_proj.weight")):
+            state[name] = torch.cat([w, w.new_zeros(extra_kv, w.shape[1])])
+        elif name.endswith("self_attn.o_proj.weight"):
+            state[name] = torch.cat([w, w.new_zeros(w.shape[0], extra_q)], dim=1)
+        elif "self_attn" in name and name.endswith(".bias"):
+            raise SystemExit(f"pad_heads: attention biases ({name}) are not handled")
+    out.mkdir(parents=True, exist_ok=True)
+    for f in src.iterdir():
+        if f.is_file() and f.name not in ("model.safetensors", "config.json", ".complete"):
+            shutil.copy2(f, out / f.name)
+    save_file({k: v.contiguous() for k, v in state.items()}, str(out / "model.safetensors"),
+              metadata={"format": "pt"})
+    cfg.update(num_attention_heads=kv_heads * group, num_key_value_heads=kv_heads, head_dim=head_dim)
+    (out / "config.json").write_text(json.dumps(cfg, indent=2) + "\n")
+    (out / ".complete").write_text(json.dumps({"padded_from": str(src), "kv_heads": kv_heads}) + "\n")
+    return out
+
+
+def fetch_padded(name: str = "smollm2-135m", kv_heads: int = 4, log=print) -> Path:
+    """``fetch_model(name)`` re-headed by ``pad_heads`` (cached beside it as ``<name>-kv<kv_heads>``)."""
+    out = model_dir(f"{name}-kv{kv_heads}")
+    if (out / ".complete").is_file():
+        return out
+    src = fetch_model(name, log=log)
+    log(f"padding {name} to {kv_heads} KV heads -> {out}")
+    return pad_heads(src, out, kv_heads)

@@ -218,6 +218,40 @@ def server_command(model_path: str, port: int, extra_args: Sequence[str]) -> lis
     ]  # fmt: skip
 
 
+def _server_env(env: dict[str, str] | None) -> dict[str, str]:
+    return {
+        # TRITON_INTERPRET belongs to in-process kernel tests; a server never runs the interpreter.
+        **{k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"},
+        "SGLANG_PLATFORM": PLATFORM_NAME,
+        # One intra-op thread unless told otherwise: on a small shared CPU, OpenMP spin-waiting
+        # across processes (server, test client, HF reference) is several times slower.
+        "OMP_NUM_THREADS": str(settings().server_threads),
+        **(env or {}),
+    }
+
+
+@contextlib.contextmanager
+def launch_follower_node(
+    extra_args: Sequence[str],
+    *,
+    model_path: str | None = None,
+    log_path: Path,
+    env: dict[str, str] | None = None,
+) -> Iterator[subprocess.Popen[bytes]]:
+    """A launcher with ``--node-rank`` >= 1 (its args name it): it runs its ranks' schedulers and no
+    HTTP server, so there is nothing to wait for; the rank-0 launcher becomes healthy once every node
+    has joined. Always stopped on exit."""
+    cmd = server_command(model_path or default_model_path(), free_port(), extra_args)
+    with open(log_path, "wb") as log_file:
+        process = subprocess.Popen(
+            cmd, stdout=log_file, stderr=subprocess.STDOUT, env=_server_env(env), start_new_session=True
+        )
+    try:
+        yield process
+    finally:
+        _stop(process)
+
+
 @contextlib.contextmanager
 def launch_sglang_server(
     extra_args: Sequence[str] = (),
@@ -232,18 +266,9 @@ def launch_sglang_server(
     log_root = log_dir or Path(tempfile.mkdtemp(prefix="dflash-sglang-server-"))
     log_path = log_root / f"server-{port}.log"
     cmd = server_command(model_path or default_model_path(), port, extra_args)
-    server_env = {
-        # TRITON_INTERPRET belongs to in-process kernel tests; a server never runs the interpreter.
-        **{k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"},
-        "SGLANG_PLATFORM": PLATFORM_NAME,
-        # One intra-op thread unless told otherwise: on a small shared CPU, OpenMP spin-waiting
-        # across processes (server, test client, HF reference) is several times slower.
-        "OMP_NUM_THREADS": str(settings().server_threads),
-        **(env or {}),
-    }
     with open(log_path, "wb") as log_file:
         process = subprocess.Popen(
-            cmd, stdout=log_file, stderr=subprocess.STDOUT, env=server_env, start_new_session=True
+            cmd, stdout=log_file, stderr=subprocess.STDOUT, env=_server_env(env), start_new_session=True
         )
     client = ServerClient(f"http://127.0.0.1:{port}", log_path, process, list(cmd))
     ACTIVE_SERVERS.append(client)

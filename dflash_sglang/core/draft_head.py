@@ -85,6 +85,12 @@ class DraftHead:
         w = lm_head.detach() if ids is None else lm_head.detach()[ids]
         return cls(w.to(dtype), ids, vocab, lm_head._version)
 
+    @classmethod
+    def build_rows(cls, shard: torch.Tensor, ids: torch.Tensor, start: int, vocab_size: int,
+                   dtype: torch.dtype) -> DraftHead:
+        """The head over token ``ids`` [V'] from a vocabulary shard whose row i is token start + i."""
+        return cls(shard.detach()[ids - start].to(dtype), ids, vocab_size, shard._version)
+
     def refreshed(self, lm_head: torch.Tensor) -> DraftHead:
         """Self, or a head rebuilt from ``lm_head`` when it was updated in place since (weight updates;
         a same-dtype full head shares storage with ``lm_head`` and rebuilds without copying)."""

@@ -66,9 +66,10 @@ def _triton_set() -> KernelSet:
     return KernelSet("triton", inject, kernels.greedy_accept)
 
 
-def choose_kernels(device: torch.device | str) -> KernelSet:
-    """Triton kernels when the worker runs on CUDA and triton imports; the torch path otherwise."""
-    if torch.device(device).type == "cuda":
+def choose_kernels(device: torch.device | str, head_sharded: bool = False) -> KernelSet:
+    """Triton kernels when the worker runs on CUDA and triton imports; the torch path otherwise, and
+    where the draft KV cache is head-sharded (tensor parallelism: the kernel writes every head)."""
+    if torch.device(device).type == "cuda" and not head_sharded:
         try:
             import triton  # noqa: F401
         except ImportError:

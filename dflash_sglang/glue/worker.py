@@ -28,13 +28,14 @@ from sglang.srt.speculative.draft_worker_common import build_draft_tp_worker, ma
 
 from ..core.adaptive import BlockPolicy
 from ..core.config import DFlashConfigError, TargetSpec
-from ..core.draft_head import DraftHead, load_draft_vocab
+from ..core.draft_head import load_draft_vocab
 from ..core.grammar import BlockGrammar, BlockMasks
 from ..core.host_reads import count_host_reads
 from ..core.sampling import probs_from_logits, sample_from_probs
 from ..core.verify import verify
 from ..settings import settings
 from .batch_math import Block, committed_rows, extend_positions, make_block, sampling_from_sglang
+from .draft_vocab import DraftVocab
 from .history import CommittedHistory
 from .kernel_choice import choose_kernels
 from .logit_adjust import adjust_block_logits, needs_adjustment, needs_history
@@ -64,27 +65,25 @@ class DFlashWorker(BaseSpecWorker):
         self.block_size = _resolved_block_size(self.draft_model)
         self.speculative_num_draft_tokens = self.block_size
         self.speculative_num_steps = 1
-        target = self.model_runner.model
-        self.embed_weight = target.get_input_embeddings().weight  # [V, H]
-        self.lm_head_weight = _lm_head_weight(target)  # [V, H]
-        # [V', H] rows the drafter proposes from: its draft_vocab.json subset, else the whole head
-        self.head = DraftHead.build(self.lm_head_weight,
-                                    load_draft_vocab(server_args.speculative_draft_model_path))
+        self.vocab_size = int(self.model_runner.model_config.vocab_size)
+        # the target's embedding and LM head (this rank's vocabulary slice under tensor parallelism)
+        self.vocab = DraftVocab(self.model_runner.model,
+                                load_draft_vocab(server_args.speculative_draft_model_path), self.vocab_size)
         self.mask_id = _check_pair(self.draft_model, self.model_runner.model_config, self.block_size)
         self.sampling_mode = settings().sampling  # "rejection" | "target_only"
         self.audit_host_reads = settings().host_read_audit == "on"
         self.grammar_draft = settings().grammar_draft == "on"  # structured output drafts under its grammar
-        self.vocab_size = int(self.model_runner.model_config.vocab_size)
         self.generator = torch.Generator(device=self.device).manual_seed(int(server_args.random_seed or 0))
         self.streams = StreamPlan.for_device(self.device)
-        self.kernels = choose_kernels(self.device)  # Triton on CUDA, torch elsewhere: chosen once
+        # Triton on CUDA with an unsharded draft KV cache, torch otherwise: chosen once
+        self.kernels = choose_kernels(self.device, head_sharded=self.draft_model.shard.tp > 1)
         self.policy = _block_policy(self.block_size, self.device)
         self.history = CommittedHistory()  # committed output one step ahead of req.output_ids (overlap)
         self.stats = {"injected": 0, "draft_forwards": 0, "switches_logged": 0}
         logger.info("dflash-sglang: our DFlash worker runs (block %d, taps %s, sampling %s, streams %s, "
                     "adaptive block %s, kernels %s, draft vocabulary %d)", self.block_size,
                     list(self.draft_model.cfg.target_layer_ids), self.sampling_mode, self.streams.kind,
-                    "on" if self.policy else "off", self.kernels.name, self.head.size)
+                    "on" if self.policy else "off", self.kernels.name, self.vocab.size)
 
     # ------------------------------------------------------------------ SGLang API
     def weight_update_runners(self) -> list[tuple[str, Any]]:
@@ -216,21 +215,22 @@ class DFlashWorker(BaseSpecWorker):
         spec = DFlashVerifyInput(draft_token=block.tokens.view(-1), positions=block.positions.view(-1),
                                  draft_token_num=nb, capture_hidden_mode=CaptureHiddenMode.NULL)
         fb = self._verify_forward_batch(batch, spec, block, host_lens, self._draft_worker)
-        fb.input_embeds = torch.nn.functional.embedding(block.tokens.view(-1), self.embed_weight)
+        fb.input_embeds = self.vocab.embed(block.tokens.view(-1))
         hidden = self.draft_runner.forward(fb).logits_output.hidden_states  # [bs*B, H]
         self.stats["draft_forwards"] += 1
         hidden = hidden.view(block.tokens.shape[0], nb, -1)[:, 1:]
-        self.head = self.head.refreshed(self.lm_head_weight)  # follows in-place weight updates
-        logits = self.draft_model.drafter.logits(hidden.to(self.head.weight.dtype), self.head.weight)
+        logits = self.vocab.logits(self.draft_model.drafter, hidden)  # [bs, B-1, V'_rank]
         greedy = self.sampling_mode == "target_only" or batch.sampling_info.is_all_greedy
         if grammar is not None and self.grammar_draft:
-            return self._draft_under_grammar(block, logits, sampling, grammar, greedy)
+            whole = self.vocab.whole_logits(logits)  # [bs, B-1, V']
+            return self._draft_under_grammar(block, whole, sampling, grammar, greedy)
         if greedy:
-            block.tokens[:, 1:] = self.head.to_tokens(logits.argmax(-1))
+            block.tokens[:, 1:] = self.vocab.argmax_tokens(logits)
             return None, None
-        q = probs_from_logits(logits.float(), sampling)  # [bs, B-1, V']
-        block.tokens[:, 1:] = self.head.to_tokens(sample_from_probs(q, self.generator))
-        return self.head.full(q), None
+        head = self.vocab.whole_head
+        q = probs_from_logits(self.vocab.whole_logits(logits).float(), sampling)  # [bs, B-1, V']
+        block.tokens[:, 1:] = head.to_tokens(sample_from_probs(q, self.generator))
+        return head.full(q), None
 
     def _draft_under_grammar(self, block: Block, logits: torch.Tensor, sampling: Any, grammar: BlockGrammar,
                              greedy: bool) -> tuple[torch.Tensor | None, BlockMasks]:
@@ -244,11 +244,12 @@ class DFlashWorker(BaseSpecWorker):
             else:
                 qs.append(probs_from_logits(logits_j.float(), sampling))
                 rows = sample_from_probs(qs[-1], self.generator)
-            block.tokens[:, j + 1] = self.head.to_tokens(rows)
+            block.tokens[:, j + 1] = head.to_tokens(rows)
             return block.tokens[:, j + 1]
 
-        masks = grammar.draft_constrained(logits, choose, self.head.columns)
-        return (None if greedy else self.head.full(torch.stack(qs, 1))), masks
+        head = self.vocab.whole_head
+        masks = grammar.draft_constrained(logits, choose, head.columns)
+        return (None if greedy else head.full(torch.stack(qs, 1))), masks
 
     def _block_grammar(self, batch: Any, nb: int, barrier: Any) -> BlockGrammar | None:
         """The batch's live grammars (structured output), None when no request is constrained."""
@@ -317,15 +318,6 @@ def _host_seq_lens(batch: Any) -> torch.Tensor:
     if batch.seq_lens_cpu is not None:
         return batch.seq_lens_cpu.clone()
     return batch.spec_info.nxt_kv_lens_cpu.clone()
-
-
-def _lm_head_weight(target: Any) -> torch.Tensor:
-    head = getattr(target, "lm_head", None)
-    weight = getattr(head, "weight", None)
-    if weight is None:
-        raise DFlashConfigError(
-            "the target model exposes no lm_head.weight; DFLASH borrows the target's LM head")
-    return weight
 
 
 def _draft_attention_backend(server_args: Any) -> str | None:

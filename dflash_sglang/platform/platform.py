@@ -7,6 +7,7 @@ backend, speculative support, graph runners) instead of taking the in-tree CPU p
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import torch
@@ -46,6 +47,7 @@ class DFlashCpuPlatform(CpuDeviceMixin, SRTPlatform):
         if server_args.attention_backend in (None, "intel_amx"):
             server_args.attention_backend = ATTENTION_BACKEND_NAME
         server_args.disable_cuda_graph = True
+        default_thread_binding(server_args)
         # The overlap scheduler (SGLang's default) is left as the user chose: its streams and events
         # are CPU no-ops (torch.cpu.Stream/Event), so the loop runs with result processing one step
         # behind the forward, exactly as on CUDA (issue 18).
@@ -96,3 +98,34 @@ class DFlashCpuPlatform(CpuDeviceMixin, SRTPlatform):
 
     def get_dispatch_key_name(self) -> str:
         return "native"
+
+
+THREAD_BIND_ENV = "SGLANG_CPU_OMP_THREADS_BIND"  # SGLang's: "cores of local rank 0|cores of rank 1|..."
+
+
+def default_thread_binding(server_args: Any) -> None:
+    """SGLang's CPU path gives each rank one NUMA node unless ``SGLANG_CPU_OMP_THREADS_BIND`` says
+    otherwise, and refuses more ranks than nodes. A small one-node machine running ``--tp 2`` (or two
+    ``--nnodes`` launchers) would be refused, so when the variable is unset we split this process's
+    cores among the node's ranks (round robin when there are fewer cores than ranks). A value the user
+    sets is kept."""
+    from sglang.srt.utils.numa_utils import get_cpu_ids_by_node
+
+    world = server_args.tp_size * server_args.pp_size * server_args.dp_size
+    if os.environ.get(THREAD_BIND_ENV) or world <= len(get_cpu_ids_by_node()):
+        return
+    local = max(1, world // max(1, server_args.nnodes))
+    cores = sorted(os.sched_getaffinity(0))
+    if len(cores) >= local:
+        per = len(cores) // local
+        groups = [cores[r * per:(r + 1) * per] for r in range(local)]
+    else:
+        groups = [[cores[r % len(cores)]] for r in range(local)]
+    os.environ[THREAD_BIND_ENV] = "|".join(_cpu_list(g) for g in groups)
+
+
+def _cpu_list(cores: list[int]) -> str:
+    """[0, 1, 2] -> "0-2" (SGLang's range form) when contiguous, else "0,2"."""
+    if cores == list(range(cores[0], cores[-1] + 1)) and len(cores) > 1:
+        return f"{cores[0]}-{cores[-1]}"
+    return ",".join(map(str, cores))

@@ -77,7 +77,7 @@ class DFlashWorker(BaseSpecWorker):
         self.streams = StreamPlan.for_device(self.device)
         # Triton on CUDA with an unsharded draft KV cache, torch otherwise: chosen once
         self.kernels = choose_kernels(self.device, head_sharded=self.draft_model.shard.tp > 1)
-        self.policy = _block_policy(self.block_size, self.device)
+        self.policy = _block_policy(self.block_size, self.device, self.vocab.tp)
         self.history = CommittedHistory()  # committed output one step ahead of req.output_ids (overlap)
         self.stats = {"injected": 0, "draft_forwards": 0, "switches_logged": 0}
         logger.info("dflash-sglang: our DFlash worker runs (block %d, taps %s, sampling %s, streams %s, "
@@ -293,9 +293,15 @@ class DFlashWorker(BaseSpecWorker):
 
 
 # ----------------------------------------------------------------------------- helpers
-def _block_policy(block_size: int, device: Any) -> BlockPolicy | None:
+def _block_policy(block_size: int, device: Any, tp: int) -> BlockPolicy | None:
+    """The adaptive block policy times each rank's own steps, so under tensor parallelism ranks could
+    choose different blocks and their collectives would no longer match: it runs at tp 1 only."""
     mode = settings().adaptive
     on = mode == "on" or (mode == "auto" and torch.device(device).type == "cpu")
+    if on and tp > 1:
+        logger.warning("dflash-sglang: adaptive block off under tensor parallelism (ranks time their "
+                       "steps independently); fixed block %d", block_size)
+        return None
     return BlockPolicy(block_size) if on and block_size > 1 else None
 
 

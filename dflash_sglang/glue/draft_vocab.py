@@ -19,17 +19,27 @@ from ..core.drafter import DFlashDrafter
 from ..core.vocab_split import VocabSplit
 
 
+def tp_group() -> Any | None:
+    """SGLang's tensor-parallel group, None where no parallel state exists (a model class built
+    outside a server, as in unit tests): that is tensor parallelism 1. Asked once, at start-up."""
+    from sglang.srt.distributed.parallel_state import get_tp_group
+
+    try:
+        return get_tp_group()
+    except RuntimeError:  # "parallel name 'tp_group' has not been written in this process"
+        return None
+
+
 class DraftVocab:
     def __init__(self, target: Any, draft_ids: torch.Tensor | None, vocab_size: int) -> None:
-        from sglang.srt.distributed.parallel_state import get_tp_group
-
         self.embedding = target.get_input_embeddings()  # the target's module: ids [N] -> [N, H]
         head = getattr(target, "lm_head", None)
         self.weight = getattr(head, "weight", None)  # [V or V/tp (+ padding), H]
         if self.weight is None:
             raise DFlashConfigError(
                 "the target model exposes no lm_head.weight; DFLASH borrows the target's LM head")
-        self.tp = get_tp_group().world_size
+        group = tp_group()
+        self.tp = group.world_size if group is not None else 1
         self.head: DraftHead | None = None
         self.split: VocabSplit | None = None
         if self.tp == 1:

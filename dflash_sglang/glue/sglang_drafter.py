@@ -109,16 +109,17 @@ def drafter_config(config: Any) -> DFlashConfig:
 
 class DFlashDraftModel(nn.Module):
     def __init__(self, config: Any, quant_config: Any = None, prefix: str = "") -> None:
-        from sglang.srt.distributed.parallel_state import get_tp_group
         from sglang.srt.layers.radix_attention import AttentionType, RadixAttention
 
         super().__init__()
         self.config = config
         self.cfg = drafter_config(config)
         self.drafter = DFlashDrafter(self.cfg)
-        tp = get_tp_group()
-        self.shard = HeadShard.of(self.cfg, config, tp.world_size, tp.rank_in_group)
-        self._all_gather = lambda t: tp.all_gather(t.contiguous(), dim=-1)
+        from .draft_vocab import tp_group
+
+        tp = tp_group()  # None: no parallel state (a unit test), tensor parallelism 1
+        self.shard = HeadShard.of(self.cfg, config, tp.world_size if tp else 1, tp.rank_in_group if tp else 0)
+        self._all_gather = (lambda t: tp.all_gather(t.contiguous(), dim=-1)) if tp else (lambda t: t)
         self.attn = nn.ModuleList()
         for i, layer in enumerate(self.drafter.layers):
             a = layer.self_attn

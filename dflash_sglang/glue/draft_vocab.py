@@ -45,7 +45,7 @@ class DraftVocab:
         if self.tp == 1:
             self.head = DraftHead.build(self.weight, draft_ids)
         else:
-            self.split = _split(head, self.weight, vocab_size, draft_ids)
+            self.split = _split(head, self.weight, vocab_size, draft_ids, group)
 
     @property
     def size(self) -> int:
@@ -80,9 +80,8 @@ class DraftVocab:
         return logits if self.split is None else self.split.gathered(logits)
 
 
-def _split(head: Any, weight: torch.Tensor, vocab_size: int, draft_ids: torch.Tensor | None) -> VocabSplit:
-    from sglang.srt.distributed.parallel_state import get_tp_group
-
+def _split(head: Any, weight: torch.Tensor, vocab_size: int, draft_ids: torch.Tensor | None,
+           group: Any) -> VocabSplit:
     shard = getattr(head, "shard_indices", None)
     if shard is None:
         raise DFlashConfigError(
@@ -90,4 +89,4 @@ def _split(head: Any, weight: torch.Tensor, vocab_size: int, draft_ids: torch.Te
             "DFLASH drafts through a vocabulary-parallel head")
     start, end = int(shard.org_vocab_start_index), int(shard.org_vocab_end_index)
     return VocabSplit.build(weight, start, end, vocab_size, draft_ids,
-                            lambda t: get_tp_group().all_gather(t.contiguous(), dim=-1))
+                            lambda t: group.all_gather(t.contiguous(), dim=-1))

@@ -29,7 +29,7 @@ from dflash_sglang.settings import THREADS_ENV
 
 class ServerFactory:
     """``factory(extra_args)`` -> context manager; ``factory.start(extra_args)`` -> client kept until
-    the end of the owning fixture scope (servers started with the same args are reused)."""
+    the end of the owning fixture scope (servers started with the same args and environment are reused)."""
 
     def __init__(self) -> None:
         self._stack = contextlib.ExitStack()
@@ -39,7 +39,10 @@ class ServerFactory:
         return launch_sglang_server(extra_args, **kwargs)
 
     def start(self, extra_args: Sequence[str] = (), **kwargs: Any) -> ServerClient:
-        key = tuple(extra_args)
+        # The environment is part of the key: a server started without DFLASH_SGLANG_HOST_READ_AUDIT must
+        # not stand in for one that asked for it (CI stop 27 failed exactly so).
+        env = kwargs.get("env") or {}
+        key = (*extra_args, *sorted(f"{k}={v}" for k, v in env.items()))
         if key not in self._started:
             self._started[key] = self._stack.enter_context(launch_sglang_server(extra_args, **kwargs))
         return self._started[key]

@@ -30,6 +30,7 @@ STRICT = {"SGLANG_ENABLE_STRICT_MEM_CHECK_DURING_IDLE": "1", "DFLASH_SGLANG_ADAP
 # it when building the ForwardBatch and again in the forward; two forwards, draft and target), and our
 # verify-batch builder sums the host mirror of the sequence lengths (once per forward). The worker and
 # core read nothing, greedy or sampled: a new .item()/.tolist()/bool() in the step fails here.
+AUDITED = {**STRICT, "DFLASH_SGLANG_HOST_READ_AUDIT": "on"}  # dflash16 and dflash16_loop share servers
 HOST_READS = {"attention.py:init_forward_metadata": 8, "worker.py:_verify_forward_batch": 2}
 HOST_READ_LINE = re.compile(r"host reads in decode step: \d+ \{.*\} \(batch \d+, (greedy|sampled)\) "
                             r"at (\{.*\})")
@@ -62,16 +63,15 @@ def reference(plain, prompt_ids) -> list[list[int]]:
 
 @pytest.fixture(scope="module")
 def dflash16(sglang_server, drafter_path):
-    """Block 16 under SGLang's default (overlap) scheduler."""
-    return sglang_server.start(dflash_args(drafter_path, 16), env=STRICT)
+    """Block 16 under SGLang's default (overlap) scheduler: the same server as dflash16_loop[overlap]."""
+    return sglang_server.start(dflash_args(drafter_path, 16), env=AUDITED)
 
 
 @pytest.fixture(scope="module", params=["overlap", "no-overlap"])
 def dflash16_loop(request, sglang_server, drafter_path):
     """Block 16 under each scheduler loop: the tests that take it run with overlap on and off."""
     extra = [] if request.param == "overlap" else [OVERLAP_OFF]
-    env = {**STRICT, "DFLASH_SGLANG_HOST_READ_AUDIT": "on"}
-    return sglang_server.start(dflash_args(drafter_path, 16) + extra, env=env)
+    return sglang_server.start(dflash_args(drafter_path, 16) + extra, env=AUDITED)
 
 
 def assert_same(got: list[dict], want: list[list[int]], what: str) -> None:

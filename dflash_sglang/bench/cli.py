@@ -54,6 +54,10 @@ def add_bench_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--scheduler", choices=SCHEDULERS, default="overlap",
                    help="SGLang scheduler loop of every server; both: each method also runs as "
                         "<method>-no-overlap (speedups stay relative to nospec)")
+    p.add_argument("--tp", default="1",
+                   help="comma-separated tensor-parallel sizes; each size above 1 runs every method again as "
+                        "<method>-tp<N> with --tp-size N (on the CPU the target's heads must divide by N: "
+                        "`dflash-sglang models pad-heads`)")
     p.add_argument("--ngram-draft-tokens", type=int, default=8,
                    help="--speculative-num-draft-tokens of NGRAM")
     p.add_argument("--server-threads", type=int, default=None,
@@ -78,6 +82,17 @@ def with_scheduler(specs: list[MethodSpec], scheduler: str) -> list[MethodSpec]:
     if scheduler == "no-overlap":
         return [off(s, s.name) for s in specs]
     return [x for s in specs for x in (s, off(s, f"{s.name}-no-overlap"))]
+
+
+def with_tp(specs: list[MethodSpec], sizes: Sequence[int]) -> list[MethodSpec]:
+    """The method specs at each tensor-parallel size, TP 1 under the plain method name."""
+    def at(spec: MethodSpec, tp: int) -> MethodSpec:
+        if tp == 1:
+            return spec
+        return dataclasses.replace(spec, name=f"{spec.name}-tp{tp}",
+                                   extra_args=(*spec.extra_args, "--tp-size", str(tp)))
+
+    return [at(s, tp) for tp in sizes for s in specs]
 
 
 def int_list(text: str, what: str) -> tuple[int, ...]:
@@ -162,6 +177,7 @@ def settings_of(args: argparse.Namespace, target: str, drafter: str | None, work
         "concurrency": list(workload.concurrency),
         "methods": [s.name for s in specs],
         "ngram_draft_tokens": args.ngram_draft_tokens,
+        "tp": list(int_list(args.tp, "--tp")),
         "server_threads": setup.threads or settings().server_threads,
         "platform": PLATFORM_NAME,
         "base_server_args": [*BASE_SERVER_ARGS, *setup.common_args],
@@ -198,6 +214,7 @@ def run_bench(args: argparse.Namespace) -> int:
     from .report import build_results, write_plots, write_results
 
     concurrency = int_list(args.concurrency, "--concurrency")
+    tp_sizes = int_list(args.tp, "--tp")
     names = method_list(args.methods)
     drafter = resolve_drafter(args.drafter, names)
     target = str(args.target or fetch_model("smollm2-135m", log=lambda m: print(m, file=sys.stderr)))
@@ -208,8 +225,8 @@ def run_bench(args: argparse.Namespace) -> int:
                         concurrency, args.request_timeout)
     common = ("--max-running-requests", str(max(concurrency))) if max(concurrency) > BASE_MAX_RUNNING else ()
     setup = ServerSetup(target, out_dir / "logs", args.startup_timeout, args.server_threads, common)
-    specs = with_scheduler(method_specs(names, drafter, args.block_size, args.ngram_draft_tokens),
-                           args.scheduler)
+    specs = with_tp(with_scheduler(method_specs(names, drafter, args.block_size, args.ngram_draft_tokens),
+                                   args.scheduler), tp_sizes)
     bar = _progress_bar(len(specs) * len(concurrency) * len(workload.prompts), args.no_progress)
     measured: list[MethodResult] = []
     with bar:

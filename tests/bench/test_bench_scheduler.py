@@ -1,8 +1,8 @@
-"""--scheduler: which SGLang loop each benchmarked server runs."""
+"""--scheduler and --tp: the SGLang loop, and the tensor-parallel size, of each benchmarked server."""
 
 from __future__ import annotations
 
-from dflash_sglang.bench.cli import with_scheduler
+from dflash_sglang.bench.cli import with_scheduler, with_tp
 from dflash_sglang.bench.runner import method_specs
 from dflash_sglang.bench.server import BASE_SERVER_ARGS, OVERLAP_OFF
 
@@ -17,3 +17,13 @@ def test_overlap_is_the_default_loop_and_both_adds_a_no_overlap_twin() -> None:
     assert both[3].extra_args[:-1] == specs[1].extra_args and both[3].env == specs[1].env
     off = with_scheduler(specs, "no-overlap")
     assert [s.name for s in off] == ["nospec", "dflash"] and all(s.extra_args[-1] == OVERLAP_OFF for s in off)
+
+
+def test_tp_sizes_above_one_rerun_every_method_with_tp_size() -> None:
+    specs = method_specs(("nospec", "dflash"), "/d", 16, 8)
+    assert with_tp(specs, (1,)) == specs
+    both = with_tp(specs, (1, 2))
+    assert [s.name for s in both] == ["nospec", "dflash", "nospec-tp2", "dflash-tp2"]
+    assert both[:2] == specs
+    assert [s.extra_args[-2:] for s in both[2:]] == [("--tp-size", "2")] * 2
+    assert both[3].extra_args[:-2] == specs[1].extra_args and both[3].env == specs[1].env

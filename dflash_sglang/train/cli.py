@@ -21,7 +21,7 @@ import torch
 
 from ..core.config import DFlashConfig, DFlashConfigError, TargetSpec
 from ..settings import settings
-from .loop import TrainConfig, init_distributed, init_from_target, rank_device, train
+from .loop import TrainConfig, copy_top_layers, init_distributed, init_from_target, rank_device, train
 
 
 def add_train_parser(sub: argparse._SubParsersAction) -> None:
@@ -54,6 +54,9 @@ def add_train_parser(sub: argparse._SubParsersAction) -> None:
                    help="warm start: a DFlash checkpoint folder for this target; its config.json defines "
                         "the drafter (drafter flags given with it must agree). A train_state.pt in "
                         "--state-dir still wins (resume)")
+    m.add_argument("--init-layers", choices=("random", "target-top"), default="random",
+                   help="a new drafter's layers: random, or copies of the target's top layers (with fc "
+                        "starting as the pick of the tap below them; train.loop.copy_top_layers)")
     m.add_argument("--block-size", type=int, default=None, help="default 16")
     m.add_argument("--layers", type=int, default=None, help="default 1")
     m.add_argument("--taps", type=int, default=None,
@@ -133,6 +136,8 @@ def run_train(a: argparse.Namespace) -> int:
         _log(d.main, f"warm start from {a.init_from}")
     else:
         drafter = init_from_target(random_drafter(dcfg, a.seed), model)
+        if a.init_layers == "target-top":
+            _log(d.main, f"drafter layers start as target layers {copy_top_layers(drafter, model)}")
     if a.draft_vocab is not None:
         drafter.draft_vocab = _draft_vocab(a.draft_vocab, samples, model.config.vocab_size, eos, d.main)
     train_vocab = _draft_vocab(a.train_vocab, samples, model.config.vocab_size, eos, d.main) \

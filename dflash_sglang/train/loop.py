@@ -97,6 +97,39 @@ def init_from_target(drafter: DFlashDrafter, model: torch.nn.Module) -> DFlashDr
     return drafter
 
 
+_LAYER_PARAMS = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj",
+                 "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj",
+                 "input_layernorm", "post_attention_layernorm")
+
+
+def copy_top_layers(drafter: DFlashDrafter, model: torch.nn.Module) -> list[int]:
+    """Start draft layer i as the target's layer L - n + i (the n top layers), and the context path as
+    that stack's input: ``fc`` picks the tap of layer L - n - 1 (the top layers' input) when it is a
+    tap, ``hidden_norm`` starts at layer L - n's input norm. Draft q/k norms (the target has none)
+    stay at 1. -> the copied target layer ids. Raises ValueError when shapes differ."""
+    layers = getattr(model, "model", model).layers
+    n, total = len(drafter.layers), len(layers)
+    ids = list(range(total - n, total))
+    with torch.no_grad():
+        for draft, i in zip(drafter.layers, ids, strict=True):
+            src = layers[i]
+            for name in _LAYER_PARAMS:
+                want, got = draft.get_submodule(name).weight, src.get_submodule(name).weight
+                if want.shape != got.shape:
+                    raise ValueError(f"target layer {i} {name} {tuple(got.shape)} != drafter "
+                                     f"{tuple(want.shape)}")
+                want.copy_(got.float())
+        below = ids[0] - 1
+        taps = list(drafter.cfg.target_layer_ids)
+        if below in taps:
+            h = drafter.cfg.hidden_size
+            drafter.fc.weight.zero_()
+            j = taps.index(below)
+            drafter.fc.weight[:, j * h: (j + 1) * h] = torch.eye(h)
+            drafter.hidden_norm.weight.copy_(layers[ids[0]].input_layernorm.weight.float())
+    return ids
+
+
 def init_distributed(device: str) -> Dist:
     """Initialise torch.distributed from the torchrun environment when WORLD_SIZE > 1."""
     world = int(os.environ.get("WORLD_SIZE", "1"))

@@ -97,3 +97,32 @@ def test_checkpoint_matches_reference_model_class(tmp_path: Path) -> None:
                                  ContextKV(k, v, cpos, torch.ones(1, ctx, dtype=torch.bool)))
         want = ref(position_ids=torch.arange(ctx + nb)[None], noise_embedding=embeds, target_hidden=taps)
     torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+
+
+def test_copy_top_layers_starts_the_drafter_as_the_targets_top_stack() -> None:
+    """--init-layers target-top: draft layers are the target's top layers, and the fused context of a
+    position is exactly what the first copied layer's attention reads there (its input norm applied to
+    the hidden state below it)."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from dflash_sglang.core.random_drafter import drafter_config_for, random_drafter
+    from dflash_sglang.train.loop import copy_top_layers
+
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64,
+                                         num_hidden_layers=8, num_attention_heads=4, num_key_value_heads=2,
+                                         initializer_range=0.3)).eval()
+    drafter = random_drafter(drafter_config_for(model.config, 2, 4, 0, 3), 0)
+    assert drafter.cfg.target_layer_ids == (1, 3, 5)
+    assert copy_top_layers(drafter, model) == [6, 7]
+    for draft, src in zip(drafter.layers, model.model.layers[6:], strict=True):
+        assert torch.equal(draft.self_attn.k_proj.weight, src.self_attn.k_proj.weight)
+        assert torch.equal(draft.mlp.down_proj.weight, src.mlp.down_proj.weight)
+        assert torch.equal(draft.post_attention_layernorm.weight, src.post_attention_layernorm.weight)
+    ids = torch.randint(0, 64, (1, 10))
+    with torch.no_grad():
+        hs = model(ids, output_hidden_states=True).hidden_states
+        taps = torch.cat([hs[i + 1] for i in drafter.cfg.target_layer_ids], dim=-1)
+        want = model.model.layers[6].input_layernorm(hs[6])  # layer 5's output, as layer 6 reads it
+        torch.testing.assert_close(drafter.fuse_context(taps), want)
+

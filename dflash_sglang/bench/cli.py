@@ -161,7 +161,7 @@ def command_line() -> str:
 
 
 def settings_of(args: argparse.Namespace, target: str, drafter: str | None, workload: Workload,
-                setup: ServerSetup, specs: Sequence[MethodSpec]) -> dict[str, Any]:
+                setup: ServerSetup, specs: Sequence[MethodSpec], tp_sizes: Sequence[int]) -> dict[str, Any]:
     return {
         "target": target,
         "drafter": drafter,
@@ -177,7 +177,7 @@ def settings_of(args: argparse.Namespace, target: str, drafter: str | None, work
         "concurrency": list(workload.concurrency),
         "methods": [s.name for s in specs],
         "ngram_draft_tokens": args.ngram_draft_tokens,
-        "tp": list(int_list(args.tp, "--tp")),
+        "tp": list(tp_sizes),
         "server_threads": setup.threads or settings().server_threads,
         "platform": PLATFORM_NAME,
         "base_server_args": [*BASE_SERVER_ARGS, *setup.common_args],
@@ -236,7 +236,7 @@ def run_bench(args: argparse.Namespace) -> int:
             bar.set_description(f"{spec.name}: {result.status}")
             bar.write(f"{spec.name}: {result.status}" + (f" ({result.reason})" if result.reason else ""))
     results = build_results(command_line(), list(sys.argv), describe_machine(),
-                            settings_of(args, target, drafter, workload, setup, specs),
+                            settings_of(args, target, drafter, workload, setup, specs, tp_sizes),
                             {m.name: m for m in measured})
     path = write_results(results, out_dir)
     write_plots(results, out_dir)

@@ -212,6 +212,9 @@ def _draft_vocab(size: int, samples: list, vocab_size: int, eos: tuple[int, ...]
 
 def warm_start_config(a: argparse.Namespace, target: TargetSpec) -> DFlashConfig:
     """The ``--init-from`` checkpoint's config, checked against the target and any drafter flags given."""
+    if a.init_layers != "random":
+        raise DFlashConfigError(f"--init-layers {a.init_layers} starts a new drafter; --init-from "
+                                f"{a.init_from} loads one: give one of them")
     cfg = DFlashConfig.from_pretrained(a.init_from)
     cfg.validate_against(target)
     given = {"--block-size": (a.block_size, cfg.block_size),

@@ -84,3 +84,6 @@ def test_init_from_rejects_disagreeing_drafter_flags(tiny_chat_target: Path, tmp
     with pytest.raises(DFlashConfigError, match="--block-size 8 disagrees with --init-from"):
         main(_train_args(tiny_chat_target, tmp_path, tmp_path / "x", "--init-from", str(first),
                          "--block-size", "8", "--steps", "1"))
+    with pytest.raises(DFlashConfigError, match="--init-layers target-top starts a new drafter"):
+        main(_train_args(tiny_chat_target, tmp_path, tmp_path / "y", "--init-from", str(first),
+                         "--init-layers", "target-top", "--steps", "1"))

@@ -125,4 +125,3 @@ def test_copy_top_layers_starts_the_drafter_as_the_targets_top_stack() -> None:
         taps = torch.cat([hs[i + 1] for i in drafter.cfg.target_layer_ids], dim=-1)
         want = model.model.layers[6].input_layernorm(hs[6])  # layer 5's output, as layer 6 reads it
         torch.testing.assert_close(drafter.fuse_context(taps), want)
-

@@ -12,6 +12,7 @@ import sys
 import time
 from pathlib import Path
 
+from dflash_sglang.bench.runner import dflash_args
 from dflash_sglang.bench.server import ServerClient, launch_sglang_server
 from dflash_sglang.models import fetch_model
 from dflash_sglang.prompts import chat_ids, first_per_category, load_prompts
@@ -45,8 +46,7 @@ def main() -> int:
     print(f"{len(prompts)} prompts, {args.max_new_tokens} new tokens each, one request at a time\n")
     with launch_sglang_server([]) as plain:
         want, plain_tps = answer_all(plain, prompts, args.max_new_tokens)
-    dflash_args = ["--speculative-algorithm", "DFLASH", "--speculative-draft-model-path", str(DRAFTER)]
-    with launch_sglang_server(dflash_args) as spec:
+    with launch_sglang_server(list(dflash_args(str(DRAFTER)))) as spec:
         got, spec_tps = answer_all(spec, prompts, args.max_new_tokens)
     for p, r in zip(picked, got, strict=True):
         m = r["meta_info"]

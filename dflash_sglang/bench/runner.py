@@ -83,9 +83,11 @@ class Progress:
             self.bar.set_description(text)
 
 
-def dflash_args(drafter: str, block: int) -> tuple[str, ...]:
-    return ("--speculative-algorithm", "DFLASH", "--speculative-draft-model-path", drafter,
-            "--speculative-num-draft-tokens", str(block))
+def dflash_args(drafter: str, block: int | None = None) -> tuple[str, ...]:
+    """SGLang's launch flags for our DFLASH worker with ``drafter`` (block: the drafter's own if None);
+    the one spelling shared by the bench, the demo and the server tests."""
+    block_args = () if block is None else ("--speculative-num-draft-tokens", str(block))
+    return ("--speculative-algorithm", "DFLASH", "--speculative-draft-model-path", drafter, *block_args)
 
 
 def method_specs(

@@ -7,6 +7,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
+from dflash_sglang.bench.runner import dflash_args
 from dflash_sglang.bench.server import launch_sglang_server
 
 pytestmark = pytest.mark.slow
@@ -24,9 +25,7 @@ def greedy_outputs(args: list[str], prompts: list[list[int]], env: dict | None =
 def test_dp2_both_ranks_run_our_worker_and_greedy_equals_nospec(prompt_ids, drafter_path) -> None:
     prompts = prompt_ids[:6]
     want, _ = greedy_outputs(["--dp", "2"], prompts)
-    got, log = greedy_outputs(["--dp", "2", "--speculative-algorithm", "DFLASH",
-                               "--speculative-draft-model-path", str(drafter_path),
-                               "--speculative-num-draft-tokens", "16"], prompts,
+    got, log = greedy_outputs(["--dp", "2", *dflash_args(str(drafter_path), 16)], prompts,
                               env={"DFLASH_SGLANG_ADAPTIVE": "off"})
     assert log.count("dflash-sglang: our DFlash worker runs") == 2, "one worker per DP rank"
     assert got == want

@@ -19,6 +19,8 @@ from pathlib import Path
 import pytest
 from server_fixture import OVERLAP_OFF
 
+from dflash_sglang.bench import runner
+
 pytestmark = pytest.mark.slow
 NEW = 64
 # A leaked KV slot crashes the server; the adaptive block policy is off, so every decode step verifies the
@@ -37,8 +39,7 @@ HOST_READ_LINE = re.compile(r"host reads in decode step: \d+ \{.*\} \(batch \d+,
 
 
 def dflash_args(drafter: Path, block: int) -> list[str]:
-    return ["--speculative-algorithm", "DFLASH", "--speculative-draft-model-path", str(drafter),
-            "--speculative-num-draft-tokens", str(block)]
+    return list(runner.dflash_args(str(drafter), block))
 
 
 def greedy(srv, prompts: list[list[int]], concurrency: int, new: int = NEW) -> list[dict]:

@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 from server_fixture import free_port
 
+from dflash_sglang.bench.runner import dflash_args
 from dflash_sglang.bench.server import launch_follower_node, launch_sglang_server
 from dflash_sglang.models import fetch_padded
 
@@ -36,8 +37,7 @@ def padded_target() -> Path:
 
 
 def dflash(drafter: Path) -> list[str]:
-    return ["--speculative-algorithm", "DFLASH", "--speculative-draft-model-path", str(drafter),
-            "--speculative-num-draft-tokens", "16"]
+    return list(dflash_args(str(drafter), 16))
 
 
 @pytest.fixture(scope="module")

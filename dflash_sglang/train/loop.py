@@ -7,6 +7,7 @@ averaged by DistributedDataParallel, and only rank 0 evaluates and writes files.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
@@ -20,6 +21,7 @@ import torch.distributed as dist
 from torch.nn.utils import parametrize
 from tqdm import tqdm
 
+from ..core.draft_head import cpu_has_native_bf16
 from ..core.drafter import DFlashDrafter
 from ..core.engine import EngineConfig, ReferenceEngine
 from ..core.sampling import SamplingConfig
@@ -66,6 +68,9 @@ class TrainConfig:
     head_dtype: str = _opt("auto", "matmul dtype of the frozen LM head in the loss (auto: bf16 only on CPUs "
                                    "with native bf16, see core.draft_head)",
                            choices=("auto", "bfloat16", "float32"))
+    compute_dtype: str = _opt("auto", "autocast dtype of the drafter's matmuls in the training step (auto: "
+                                      "bf16 on CPUs with native bf16, else float32); weights, Adam state "
+                                      "and the softmax stay float32", choices=("auto", "bfloat16", "float32"))
     resume: bool = True
     stop_at: int | None = None  # stop (and checkpoint) after this step, as if interrupted
     show_progress: bool = True
@@ -213,6 +218,22 @@ def train(cfg: TrainConfig, drafter: DFlashDrafter, target: HFTarget, samples: l
     return res
 
 
+def step_autocast(cfg: TrainConfig, device: str) -> contextlib.AbstractContextManager:
+    """The autocast context of the training step's forward (chosen once from ``cfg.compute_dtype``).
+
+    bf16 autocast runs the drafter's linear layers and attention matmuls in bf16 against float32
+    master weights. On the 2-core AVX-512-BF16 host a bf16 GEMM of the drafter's shapes runs 2.5-3x a
+    float32 one (``benchmarks/train_throughput.py`` gives the whole step)."""
+    want = cfg.compute_dtype
+    if want == "auto":
+        cpu = device == "cpu"
+        want = "bfloat16" if (cpu and cpu_has_native_bf16()) or (not cpu and torch.cuda.is_bf16_supported()) \
+            else "float32"
+    if want == "float32":
+        return contextlib.nullcontext()
+    return torch.autocast(torch.device(device).type, dtype=torch.bfloat16)
+
+
 def _tap_scales(samples: list[Sample], target: HFTarget) -> torch.Tensor:
     """Per-dimension 1/RMS of the training taps (cached ones, else a few recomputed)."""
     cached = [s.taps for s in samples[:64] if s.taps is not None]
@@ -231,7 +252,8 @@ def _train_step(cfg: TrainConfig, model: torch.nn.Module, module: BlockLoss, opt
     cfgd = module.drafter.cfg
     batch = build_batch([s.ids for s in picked], anchors, taps, cfgd.block_size, cfg.blocks_per_seq,
                         int(cfgd.mask_token_id)).to(next(module.parameters()).device)
-    out = model(batch)
+    with step_autocast(cfg, str(batch.taps.device)):
+        out = model(batch)
     opt.zero_grad(set_to_none=True)
     out.loss.backward()
     gnorm = torch.nn.utils.clip_grad_norm_(module.drafter.parameters(), cfg.grad_clip)

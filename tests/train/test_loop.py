@@ -125,3 +125,26 @@ def test_copy_top_layers_starts_the_drafter_as_the_targets_top_stack() -> None:
         taps = torch.cat([hs[i + 1] for i in drafter.cfg.target_layer_ids], dim=-1)
         want = model.model.layers[6].input_layernorm(hs[6])  # layer 5's output, as layer 6 reads it
         torch.testing.assert_close(drafter.fuse_context(taps), want)
+
+
+def test_bf16_compute_changes_the_step_by_rounding_only(tmp_path: Path) -> None:
+    """compute_dtype bfloat16 really runs the step in bf16 (the losses differ from float32's) and
+    stays within bf16 rounding of the float32 run over a few steps."""
+    f32 = _losses(tiny_train(tmp_path / "f", steps=4, compute_dtype="float32"))
+    b16 = _losses(tiny_train(tmp_path / "b", steps=4, compute_dtype="bfloat16"))
+    assert f32 != b16
+    for x, y in zip(f32, b16, strict=True):
+        assert abs(x - y) < 0.03 * abs(x), (f32, b16)
+
+
+@pytest.mark.parametrize(("native", "want"), [(True, torch.bfloat16), (False, None)])
+def test_auto_compute_dtype_follows_native_bf16(monkeypatch: pytest.MonkeyPatch, native: bool,
+                                               want: torch.dtype | None) -> None:
+    import dflash_sglang.train.loop as loop
+
+    monkeypatch.setattr(loop, "cpu_has_native_bf16", lambda: native)
+    with loop.step_autocast(TrainConfig(out="x"), "cpu"):
+        got = (torch.ones(2, 2) @ torch.ones(2, 2)).dtype
+    assert got == (want or torch.float32)
+    with loop.step_autocast(TrainConfig(out="x", compute_dtype="float32"), "cpu"):
+        assert (torch.ones(2, 2) @ torch.ones(2, 2)).dtype == torch.float32

@@ -30,6 +30,8 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--store", default="data/distill/smollm2-135m")
     p.add_argument("--head-dtype", default="float32", choices=["float32", "bfloat16"])
+    p.add_argument("--compute-dtype", default="auto", choices=["auto", "float32", "bfloat16"],
+                   help="train --compute-dtype: autocast dtype of the step's matmuls")
     p.add_argument("--steps", type=int, default=12)
     p.add_argument("--batch-size", type=int, default=8)
     p.add_argument("--blocks-per-seq", type=int, default=16)
@@ -49,7 +51,8 @@ def main() -> None:
                "--eval-every", str(10 * a.steps), "--save-every", str(10 * a.steps), "--log-every", "1",
                "--layers", str(a.layers), "--batch-size", str(a.batch_size),
                "--blocks-per-seq", str(a.blocks_per_seq), "--train-vocab", str(a.train_vocab),
-               "--head-dtype", a.head_dtype, "--threads", str(a.threads), "--warmup", "1",
+               "--head-dtype", a.head_dtype, "--compute-dtype", a.compute_dtype,
+               "--threads", str(a.threads), "--warmup", "1",
                "--out", f"{tmp}/out", "--state-dir", f"{tmp}/state", "--no-resume"]
         subprocess.run(cmd, check=True)
         log = [json.loads(line) for line in Path(f"{tmp}/state/train_log.jsonl").read_text().splitlines()]

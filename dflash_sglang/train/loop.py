@@ -29,6 +29,7 @@ from ..core.target import HFTarget
 from .data import Sample, online_taps
 from .precondition import is_preconditioned, precondition, published, tap_scales
 from .recipe import BlockLoss, build_batch, default_gamma, expected_accept, sample_anchors
+from .teacher import TopLayersTeacher
 
 STATE_FILE = "train_state.pt"
 LOG_FILE = "train_log.jsonl"
@@ -71,6 +72,9 @@ class TrainConfig:
     compute_dtype: str = _opt("auto", "autocast dtype of the drafter's matmuls in the training step (auto: "
                                       "bf16 on CPUs with native bf16, else float32); weights, Adam state "
                                       "and the softmax stay float32", choices=("auto", "bfloat16", "float32"))
+    soft_labels: float = _opt(0.0, "share of the target's own next-token distribution in each label "
+                                   "(0: the stored greedy tokens only; 1: cross-entropy to the target's "
+                                   "distribution, i.e. KL), recomputed from the last tap (train.teacher)")
     resume: bool = True
     stop_at: int | None = None  # stop (and checkpoint) after this step, as if interrupted
     show_progress: bool = True
@@ -186,7 +190,9 @@ def train(cfg: TrainConfig, drafter: DFlashDrafter, target: HFTarget, samples: l
     drafter = drafter.to(dev).float().train()
     if cfg.precondition:
         precondition(drafter, _tap_scales(samples, target))
-    module = BlockLoss(drafter, target.embed_weight, target.lm_head_weight, gamma, head_dtype, train_vocab)
+    teacher = TopLayersTeacher(target.model, target.tap_layer_ids) if cfg.soft_labels else None
+    module = BlockLoss(drafter, target.embed_weight, target.lm_head_weight, gamma, head_dtype, train_vocab,
+                       teacher, cfg.soft_labels)
     model: torch.nn.Module = module
     if d.world > 1:
         model = torch.nn.parallel.DistributedDataParallel(module)

@@ -20,6 +20,7 @@ from ..core.draft_head import DraftHead
 from ..core.drafter import DFlashDrafter
 from ..core.layers import masked_attention
 from .fused_ce import fused_weighted_ce
+from .teacher import TopLayersTeacher
 
 DEFAULT_GAMMA = {16: 7.0, 10: 5.0, 8: 4.0}
 IGNORE = -100
@@ -112,12 +113,19 @@ class BlockLoss(nn.Module):
         batch, so no label is ever dropped; rare tokens meet the softmax only where they are labels
         (a sampled softmax with the frequent negatives always present).
     Hits (``LossOut.correct``) are top-1 over the same rows; :meth:`draft_hits` scores with the head
-    the drafter will actually draft from."""
+    the drafter will actually draft from.
+
+    ``teacher`` with ``soft_alpha`` > 0: each label mixes in the target's own distribution over those
+    rows (share ``soft_alpha``), recomputed from the batch's taps (train.teacher)."""
 
     def __init__(self, drafter: DFlashDrafter, embed_weight: torch.Tensor, lm_head_weight: torch.Tensor,
                  gamma: float, head_dtype: torch.dtype | None = None,
-                 train_vocab: torch.Tensor | None = None) -> None:
+                 train_vocab: torch.Tensor | None = None, teacher: TopLayersTeacher | None = None,
+                 soft_alpha: float = 0.0) -> None:
         super().__init__()
+        if soft_alpha and (teacher is None or drafter.cfg.final_logit_softcapping):
+            raise ValueError("soft labels need a teacher and a target without logit soft-capping")
+        self.teacher, self.soft_alpha = (teacher, soft_alpha) if soft_alpha else (None, 0.0)
         self.drafter = drafter
         self.embed_weight = embed_weight.detach()  # plain attributes: frozen, not saved, not synced
         self.head = DraftHead.build(lm_head_weight, drafter.draft_vocab, head_dtype)
@@ -160,7 +168,13 @@ class BlockLoss(nn.Module):
             total = (w * F.cross_entropy(logits, tgt[inside], reduction="none")).sum()
             hit[inside] = logits.detach().argmax(-1) == tgt[inside]
         else:
-            total, hit[inside] = fused_weighted_ce(rows, weight, tgt[inside], w, cfg.output_multiplier)
+            soft = None
+            if self.teacher is not None:  # the target's hidden state where it predicted each label
+                t_h = self.teacher(b.taps)  # [S, L, H]
+                t_pos = b.block_pos.view(s, k, nb1 + 1)[:, :, :-1].clamp_max(t_h.shape[1] - 1)  # [S, K, B-1]
+                soft = t_h[torch.arange(s, device=t_h.device)[:, None, None], t_pos][valid][inside]
+            total, hit[inside] = fused_weighted_ce(rows, weight, tgt[inside], w, cfg.output_multiplier,
+                                                   teacher=soft, alpha=self.soft_alpha)
         correct = torch.zeros_like(valid)
         correct[valid] = hit
         return LossOut(total / w.sum().clamp_min(1e-9), correct, valid)

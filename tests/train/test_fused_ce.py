@@ -42,3 +42,25 @@ def test_fused_ce_checks_shapes_and_a_wrong_gradient_would_show() -> None:
     _reference(h, weight, target, w, 1.0)[0].backward()
     wrong = -(w[:, None] * weight[target])  # onehot term only
     assert not torch.allclose(h.grad, wrong, atol=1e-3)
+
+
+@pytest.mark.parametrize("alpha,chunk", [(1.0, 8), (0.3, 128)])
+def test_soft_labels_equal_cross_entropy_against_the_mixed_distribution(alpha: float, chunk: int) -> None:
+    g = torch.Generator().manual_seed(7)
+    n, m = 29, 0.9
+    weight = torch.randn(40, 16, generator=g)
+    target = torch.randint(0, 40, (n,), generator=g)
+    w = torch.rand(n, generator=g)
+    teacher = torch.randn(n, 16, generator=g)
+    h1 = torch.randn(n, 16, generator=g, requires_grad=True)
+    h2 = h1.detach().clone().requires_grad_(True)
+    label = (1 - alpha) * F.one_hot(target, 40).float() + alpha * torch.softmax(m * teacher @ weight.T, -1)
+    want = (w * F.cross_entropy(m * (h1 @ weight.T), label, reduction="none")).sum()
+    want.backward()
+    got, hits = fused_weighted_ce(h2, weight, target, w, m, chunk, teacher=teacher, alpha=alpha)
+    got.backward()
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    assert torch.equal(hits, (h1 @ weight.T).argmax(-1) == target)
+    torch.testing.assert_close(h2.grad, h1.grad, rtol=1e-4, atol=1e-5)
+    hard, _ = fused_weighted_ce(h2.detach(), weight, target, w, m, chunk)
+    assert not torch.allclose(hard, got)  # the teacher really changed the loss

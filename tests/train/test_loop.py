@@ -148,3 +148,9 @@ def test_auto_compute_dtype_follows_native_bf16(monkeypatch: pytest.MonkeyPatch,
     assert got == (want or torch.float32)
     with loop.step_autocast(TrainConfig(out="x", compute_dtype="float32"), "cpu"):
         assert (torch.ones(2, 2) @ torch.ones(2, 2)).dtype == torch.float32
+
+
+def test_soft_label_training_learns_the_greedy_tokens(tmp_path: Path) -> None:
+    res = tiny_train(tmp_path / "s", steps=40, lr=1e-2, soft_labels=1.0)
+    accs = [r["acc_len"] for r in res.history]
+    assert sum(accs[-5:]) / 5 > sum(accs[:5]) / 5, accs

@@ -134,6 +134,33 @@ def test_loss_is_the_weighted_cross_entropy() -> None:
         torch.testing.assert_close(out.loss, (w * ce).sum() / w.sum())
 
 
+def test_soft_labels_are_the_targets_distribution_where_it_predicted_each_label() -> None:
+    """With soft_alpha 1 the loss is the weighted cross-entropy to the target's own next-token
+    distribution at position anchor + k - 1 (the position whose output is label k), over its logits."""
+    from dflash_sglang.train.teacher import TopLayersTeacher
+
+    loss, samples, _ = _setup()
+    model = tiny_model()
+    teacher = TopLayersTeacher(model, loss.drafter.cfg.target_layer_ids)
+    soft = BlockLoss(loss.drafter, model.get_input_embeddings().weight, model.get_output_embeddings().weight,
+                     7.0, torch.float32, teacher=teacher, soft_alpha=1.0)
+    anchors = [torch.tensor([samples[0].prompt_len + 1]), torch.tensor([samples[1].prompt_len])]
+    b = _batch(samples, anchors)
+    with torch.no_grad():
+        out = soft(b)
+        h = soft.hidden(b).view(2, 3, BLOCK, -1)[:, :1, 1:]
+        logits = soft.drafter.logits(h, soft.head.weight).flatten(0, 2)  # [2 * (B-1), V]
+        t_h = teacher(b.taps)
+        pos = torch.stack([a[0] + torch.arange(BLOCK - 1) for a in anchors])  # [2, B-1]
+        t_logits = t_h[torch.arange(2)[:, None], pos] @ model.get_output_embeddings().weight.T
+        assert torch.equal(t_logits.argmax(-1).flatten(), b.labels[:, 0].flatten())  # greedy answers
+        ce = torch.nn.functional.cross_entropy(logits, torch.softmax(t_logits.flatten(0, 1), -1),
+                                               reduction="none")
+        w = loss_weights(BLOCK, 7.0).repeat(2)
+        torch.testing.assert_close(out.loss, (w * ce).sum() / w.sum())
+        assert not torch.allclose(out.loss, loss(b).loss)
+
+
 def test_loss_over_a_draft_vocabulary_leaves_out_what_cannot_be_drafted() -> None:
     """With a draft vocabulary the loss is the weighted CE over its rows at the positions whose label is
     in it; a label outside it is no loss term and always a miss."""

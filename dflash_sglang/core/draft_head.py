@@ -117,6 +117,13 @@ class DraftHead:
         out = q.new_zeros(*q.shape[:-1], self.vocab_size)
         return out.scatter_(-1, self.ids.expand(q.shape), q)
 
+    def full_logits(self, logits: torch.Tensor) -> torch.Tensor:
+        """Logits over the head's rows [..., V'] -> over the vocabulary [..., V] (-inf elsewhere)."""
+        if self.ids is None:
+            return logits
+        out = logits.new_full((*logits.shape[:-1], self.vocab_size), float("-inf"))
+        return out.scatter_(-1, self.ids.expand(logits.shape), logits)
+
     def label_index(self) -> torch.Tensor:
         """[V] long: each token's row in the head, -1 for tokens outside it (training labels)."""
         idx = torch.full((self.vocab_size,), -1, dtype=torch.long, device=self.weight.device)

@@ -13,6 +13,7 @@ dropped from the batch, which bounds the waste.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
@@ -45,6 +46,19 @@ class EngineConfig:
             raise ValueError(f"sampling_mode={self.sampling_mode!r}: use one of {SAMPLING_MODES}")
 
 
+@dataclass(frozen=True)
+class StepRecord:
+    """What one draft + verify step saw, for observers (measurements such as pre-draft hit rates)."""
+
+    req: torch.Tensor  # [bs] request index of each row
+    block: torch.Tensor  # [bs, B] block tokens: last committed token, then the drafts
+    draft_logits: torch.Tensor | None  # [bs, B-1, V] drafter logits over the full vocabulary
+    result: VerifyResult
+
+
+StepObserver = Callable[[StepRecord], None]
+
+
 @dataclass
 class RequestResult:
     output_ids: list[int]
@@ -66,8 +80,10 @@ class _Batch:
 
 
 class ReferenceEngine:
-    def __init__(self, target: HFTarget, drafter: DFlashDrafter, cfg: EngineConfig) -> None:
+    def __init__(self, target: HFTarget, drafter: DFlashDrafter, cfg: EngineConfig,
+                 observer: StepObserver | None = None) -> None:
         drafter.cfg.validate_against(target.spec)
+        self.observer = observer  # called after every verify with a StepRecord
         self.target, self.drafter, self.cfg = target, drafter, cfg
         self.mask_id = int(drafter.cfg.mask_token_id)  # validated above
         self.injected = 0  # context positions projected into draft KV, over all generate() calls
@@ -85,25 +101,29 @@ class ReferenceEngine:
         batch.draft.inject(out.taps, pos, valid)
         batch = _retire(batch, results, self.cfg)
         while batch is not None:
-            block, draft_probs = self._draft(batch, generator)
+            block, draft_probs, logits = self._draft(batch, generator)
             positions = _block_positions(batch, self.cfg.block_size)
             out = self.target.forward(block, positions, _visible(batch, self.cfg.block_size), batch.cache)
             res = verify(block, out.logits, batch.sampling, draft_probs, generator)
+            if self.observer is not None:
+                full = None if logits is None else self.head.full_logits(logits)
+                self.observer(StepRecord(batch.req, block, full, res))
             self._commit(batch, block, out.taps, res, results)
             batch = _retire(batch, results, self.cfg)
         return results
 
     def _draft(
         self, b: _Batch, generator: torch.Generator | None
-    ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """-> block tokens [bs, B] and the draft probabilities [bs, B-1, V] (None: argmax drafts).
+    ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+        """-> block tokens [bs, B], the draft probabilities [bs, B-1, V] (None: argmax drafts) and the
+        drafter's logits over the draft head's rows [bs, B-1, V'] (None at B = 1).
 
         Drafts come from the draft head's rows (V' <= V); q is zero outside them."""
         bsz, nb = b.last.shape[0], self.cfg.block_size
         block = torch.full((bsz, nb), self.mask_id, dtype=torch.long, device=b.last.device)
         block[:, 0] = b.last
         if nb == 1:
-            return block, None
+            return block, None, None
         assert b.draft is not None
         embeds = self.target.embed(block)
         hidden = self.drafter.forward_block(embeds, _block_positions(b, nb), b.draft.view())
@@ -111,10 +131,10 @@ class ReferenceEngine:
         logits = self.drafter.logits(hidden, self.head.weight).float()  # [bs, B-1, V']
         if self.cfg.sampling_mode == "target_only":
             block[:, 1:] = self.head.to_tokens(logits.argmax(-1))
-            return block, None
+            return block, None, logits
         q = probs_from_logits(logits, b.sampling)  # [bs, B-1, V']
         block[:, 1:] = self.head.to_tokens(sample_from_probs(q, generator))
-        return block, self.head.full(q)
+        return block, self.head.full(q), logits
 
     def _commit(self, b: _Batch, block: torch.Tensor, taps: torch.Tensor, res: VerifyResult,
                 results: list[RequestResult]) -> None:

@@ -41,7 +41,7 @@ class CheatingEngine(ReferenceEngine):
         self.truth, self.rng = truth, torch.Generator().manual_seed(seed)
 
     def _draft(self, b, generator):
-        block, _ = super()._draft(b, generator)
+        block, _, logits = super()._draft(b, generator)
         nb = block.shape[1]
         for row, r in enumerate(b.req.tolist()):
             done = int(b.n[row]) - self.prompt_lens[r]  # outputs committed so far
@@ -50,7 +50,7 @@ class CheatingEngine(ReferenceEngine):
             bad = int(torch.randint(1, nb + 2, (1,), generator=self.rng))  # > nb-1: no corruption
             if bad < nb:
                 block[row, bad] = (block[row, bad] + 1) % 49152
-        return block, None
+        return block, None, logits
 
     def generate(self, prompts, sampling, generator=None):
         self.prompt_lens = [len(p) for p in prompts]

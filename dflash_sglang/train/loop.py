@@ -28,10 +28,11 @@ from ..core.sampling import SamplingConfig
 from ..core.target import HFTarget
 from .data import Sample, online_taps
 from .precondition import is_preconditioned, precondition, published, tap_scales
-from .recipe import BlockLoss, build_batch, default_gamma, expected_accept, sample_anchors
+from .recipe import BlockLoss, build_batch, default_gamma, expected_accept, fresh_positions, sample_anchors
 from .teacher import TopLayersTeacher
 
 STATE_FILE = "train_state.pt"
+FRESH_WINDOW = 8  # --anchors fresh: a block whose first 8 tokens repeat earlier text is a loop
 LOG_FILE = "train_log.jsonl"
 
 
@@ -72,6 +73,9 @@ class TrainConfig:
     compute_dtype: str = _opt("auto", "autocast dtype of the drafter's matmuls in the training step (auto: "
                                       "bf16 on CPUs with native bf16, else float32); weights, Adam state "
                                       "and the softmax stay float32", choices=("auto", "bfloat16", "float32"))
+    anchors: str = _opt("all", "which response positions may anchor a training block: all, or fresh "
+                               "(skip blocks whose first 8 tokens repeat earlier text of the same answer, "
+                               "i.e. the target looping; recipe.fresh_positions)", choices=("all", "fresh"))
     soft_labels: float = _opt(0.0, "share of the target's own next-token distribution in each label "
                                    "(0: the stored greedy tokens only; 1: cross-entropy to the target's "
                                    "distribution, i.e. KL), recomputed from the last tap (train.teacher)")
@@ -251,7 +255,9 @@ def _train_step(cfg: TrainConfig, model: torch.nn.Module, module: BlockLoss, opt
     started = time.perf_counter()
     gen = step_generator(cfg, step, d)
     picked = [samples[i] for i in batch_indices(step, len(samples), cfg, d)]
-    anchors = [sample_anchors(s.prompt_len, len(s.ids), cfg.blocks_per_seq, gen) for s in picked]
+    anchors = [sample_anchors(s.prompt_len, len(s.ids), cfg.blocks_per_seq, gen,
+                              fresh_positions(s.ids, FRESH_WINDOW) if cfg.anchors == "fresh" else None)
+               for s in picked]
     taps = [s.taps for s in picked]
     if any(t is None for t in taps):
         taps = [t.cpu() for t in online_taps(target, picked)]

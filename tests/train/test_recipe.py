@@ -13,6 +13,7 @@ from dflash_sglang.train.recipe import (
     BlockLoss,
     build_batch,
     default_gamma,
+    fresh_positions,
     loss_weights,
     sample_anchors,
     select_draft_vocab,
@@ -58,6 +59,18 @@ def _batch(samples: list, anchors: list[torch.Tensor], ids: list | None = None, 
     ids = ids or [s.ids for s in samples]
     taps = taps or [s.taps.float() for s in samples]
     return build_batch(ids, anchors, taps, BLOCK, 3, MASK)
+
+
+def test_fresh_positions_mark_the_start_of_a_loop_and_anchors_avoid_it() -> None:
+    ids = torch.tensor([7, 1, 2, 3, 1, 2, 3, 1, 2, 9, 4])
+    fresh = fresh_positions(ids, window=2)
+    # windows (1,2) at 4 and 7, (2,3) at 5, (3,1) at 6 repeat earlier ones; (1,2) at 7 again
+    assert fresh.tolist() == [True, True, True, True, False, False, False, False, True, True, True]
+    g = torch.Generator().manual_seed(0)
+    for _ in range(20):
+        a = sample_anchors(1, len(ids), 4, g, allowed=fresh)
+        assert bool(fresh[a].all()) and a.numel() == 4
+    assert sample_anchors(1, len(ids), 20, g, allowed=fresh).tolist() == [1, 2, 3, 8, 9]
 
 
 def test_labels_are_the_next_tokens() -> None:

@@ -297,11 +297,13 @@ def measure_tau(drafter: DFlashDrafter, target: HFTarget, prompts: list[list[int
 
 @torch.no_grad()
 def heldout_acceptance(module: BlockLoss, samples: list[Sample], blocks_per_seq: int,
-                       seed: int = 20261204) -> tuple[float, list[float]]:
+                       seed: int = 20261204, fresh: bool = False) -> tuple[float, list[float]]:
     """Teacher-forced acceptance on held-out distilled answers, anchors drawn with a fixed seed (the same
     blocks at every evaluation). -> (mean 1 + leading correct drafts over full blocks, per block position
     the share of blocks whose drafts are correct up to and including it). For greedy decoding of the
-    target's own answers this is tau at random anchors, without running the target."""
+    target's own answers this is tau at random anchors, without running the target. ``fresh``: only
+    anchors outside the answers' loops (recipe.fresh_positions), the text that a short generation
+    such as Spec-Bench's 64 tokens meets."""
     gen = torch.Generator().manual_seed(seed)
     was = module.training
     module.eval()
@@ -310,7 +312,8 @@ def heldout_acceptance(module: BlockLoss, samples: list[Sample], blocks_per_seq:
     dev = next(module.parameters()).device
     for i in range(0, len(samples), 4):
         part = samples[i: i + 4]
-        anchors = [sample_anchors(s.prompt_len, len(s.ids), blocks_per_seq, gen) for s in part]
+        anchors = [sample_anchors(s.prompt_len, len(s.ids), blocks_per_seq, gen,
+                                  fresh_positions(s.ids, FRESH_WINDOW) if fresh else None) for s in part]
         batch = build_batch([s.ids for s in part], anchors, [s.taps for s in part], cfgd.block_size,
                             blocks_per_seq, int(cfgd.mask_token_id)).to(dev)
         correct, valid = module.draft_hits(batch)  # as served: the drafter's own draft head
@@ -331,6 +334,8 @@ def _evaluate(cfg: TrainConfig, module: BlockLoss, target: HFTarget,
         if samples:
             acc, pos = heldout_acceptance(module, samples, cfg.blocks_per_seq)
             rec["heldout_acc_len"], rec["heldout_pos"] = acc, pos
+            acc, pos = heldout_acceptance(module, samples, cfg.blocks_per_seq, fresh=True)
+            rec["heldout_fresh_acc_len"], rec["heldout_fresh_pos"] = acc, pos
         if prompts:
             rec["tau"] = measure_tau(module.drafter, target, prompts, eos, cfg.eval_max_new_tokens)
         res.taus.append(rec)

@@ -42,6 +42,9 @@ def add_distill_parser(sub: argparse._SubParsersAction) -> None:
                    help="corpus rows to answer (heldout: an evaluation store, never trained on)")
     p.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32", help="the target's dtype")
     p.add_argument("--threads", type=int, default=None, help="torch intra-op threads")
+    p.add_argument("--stop-on-loop", type=int, default=0, metavar="W",
+                   help="end an answer once a W-token window repeats within it (the target looping; "
+                        "0: off). Answers stay exact greedy prefixes")
     p.set_defaults(func=run_distill)
 
 
@@ -72,7 +75,8 @@ def run_distill(a: argparse.Namespace) -> int:
     target = HFTarget(model, taps or (model.config.num_hidden_layers - 1,))
     s = GenSettings(a.max_new_tokens, a.batch_size, eos, target.tap_layer_ids, store_taps=bool(taps),
                     dtype=a.dtype)
-    rep = distill_into(store, target, lambda t: chat_ids(tok, t), todo, s, a.shard_rows, log, a.max_len)
+    rep = distill_into(store, target, lambda t: chat_ids(tok, t), todo, s, a.shard_rows, log, a.max_len,
+                       a.stop_on_loop)
     log(f"distill: {rep.sequences} sequences, {rep.answer_tokens} answer tokens "
         f"(+{rep.prompt_tokens} prompt) "
         f"in {rep.seconds:.0f}s ({rep.tok_s:.1f} answer tok/s); store: {store.stats()}")

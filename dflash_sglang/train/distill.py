@@ -80,7 +80,7 @@ def length_grouped(order: Sequence[int], lengths: Sequence[int], group: int) -> 
 
 def distill_into(store: DistillStore, target: HFTarget, tokenize: Callable[[str], list[int]],
                  todo: Sequence[Todo], s: GenSettings, shard_rows: int, log: Callable[[str], None],
-                 max_len: int = 2048) -> DistillReport:
+                 max_len: int = 2048, stop_on_loop: int = 0) -> DistillReport:
     """Answers ``todo``; one shard per ``shard_rows`` answers (+ taps when ``s.store_taps``).
 
     ``s.batch_size`` is the number of concurrent sequences; ``s.tap_layer_ids`` the taps to keep."""
@@ -95,7 +95,7 @@ def distill_into(store: DistillStore, target: HFTarget, tokenize: Callable[[str]
     taps: list[torch.Tensor] = []
     n_seq = n_ans = n_prompt = 0
     t0 = time.perf_counter()
-    for f in _answers(target, [(i, ids[i]) for i in fits], s, max_len):
+    for f in _answers(target, [(i, ids[i]) for i in fits], s, max_len, stop_on_loop):
         rows.append((f.ids, f.prompt_len, todo[f.index].key, todo[f.index].row))
         if s.store_taps and f.taps is not None:
             taps.append(f.taps)
@@ -114,13 +114,16 @@ def distill_into(store: DistillStore, target: HFTarget, tokenize: Callable[[str]
 
 
 def _answers(target: HFTarget, prompts: list[tuple[int, list[int]]], s: GenSettings,
-             max_len: int) -> Iterator[Finished]:
-    """Greedy answers, as they finish: the slot engine where it applies, else HF batches."""
+             max_len: int, stop_on_loop: int = 0) -> Iterator[Finished]:
+    """Greedy answers, as they finish: the slot engine where it applies, else HF batches (which
+    cannot stop on a loop: ``stop_on_loop`` needs the slot engine)."""
     if supports(target.model) is None:
         gen = SlotGenerator(target.model, s.batch_size, max_len, s.max_answer_tokens, s.eos_token_ids,
-                            s.tap_layer_ids if s.store_taps else ())
+                            s.tap_layer_ids if s.store_taps else (), stop_on_loop=stop_on_loop)
         yield from gen.run(prompts)
         return
+    if stop_on_loop:
+        raise ValueError(f"--stop-on-loop needs the slot engine: {supports(target.model)}")
     order = sorted(range(len(prompts)), key=lambda i: len(prompts[i][1]))  # similar lengths share a batch
     for b in range(0, len(order), s.batch_size):
         idx = order[b: b + s.batch_size]

@@ -61,6 +61,7 @@ class _Slot:
     ids: list[int]
     prompt_len: int
     taps: list[torch.Tensor] = field(default_factory=list)  # chunks [n, T*H]
+    windows: set[tuple[int, ...]] = field(default_factory=set)  # answer windows seen (stop_on_loop)
 
 
 class SlotGenerator:
@@ -68,11 +69,15 @@ class SlotGenerator:
 
     ``run(prompts)`` yields each prompt's :class:`Finished` as soon as its answer ends (EOS or
     ``max_new_tokens``), not in input order. A prompt longer than ``max_len - max_new_tokens`` raises.
+
+    ``stop_on_loop`` W > 0 also ends an answer at the first token that completes a W-token window
+    already seen in the same answer: the target has started repeating itself, and the rest would
+    mostly be the same loop again (the answer stays an exact greedy prefix, only shorter).
     """
 
     def __init__(self, model: nn.Module, slots: int, max_len: int, max_new_tokens: int,
                  eos_token_ids: Iterable[int], tap_layer_ids: Iterable[int] = (),
-                 prefill_tokens: int = 2048) -> None:
+                 prefill_tokens: int = 2048, stop_on_loop: int = 0) -> None:
         why = supports(model)
         if why:
             raise ValueError(f"SlotGenerator cannot run this model: {why}")
@@ -87,6 +92,7 @@ class SlotGenerator:
         self.eos = set(int(e) for e in eos_token_ids)
         self.taps = tuple(tap_layer_ids)
         self.prefill_tokens = prefill_tokens
+        self.stop_on_loop = stop_on_loop
         p = next(model.parameters())
         shape = (slots, self.kv_heads, max_len, self.head_dim)
         self.k = [torch.zeros(shape, dtype=p.dtype, device=p.device) for _ in self.layers]
@@ -122,12 +128,24 @@ class SlotGenerator:
     def _finish_if_done(self, s: int, slot: _Slot, token: int) -> Finished | None:
         """Appends nothing; ``token`` is the newly chosen next token of slot ``s``."""
         answered = len(slot.ids) - slot.prompt_len  # answer tokens already run through the model
-        if token in self.eos or answered + 1 >= self.max_new:
+        if token in self.eos or answered + 1 >= self.max_new or self._loops(slot, token):
             ids = slot.ids + [token]
             taps = torch.cat(slot.taps).to(torch.bfloat16) if self.taps else None
             self.lens[s] = 0
             return Finished(slot.index, ids, slot.prompt_len, taps)
         return None
+
+    def _loops(self, slot: _Slot, token: int) -> bool:
+        """Whether ``token`` completes an answer window of ``stop_on_loop`` tokens seen before."""
+        w = self.stop_on_loop
+        answered = len(slot.ids) - slot.prompt_len
+        if w <= 0 or answered + 1 < w:
+            return False
+        window = (*slot.ids[len(slot.ids) - w + 1:], token) if w > 1 else (token,)
+        if window in slot.windows:
+            return True
+        slot.windows.add(window)
+        return False
 
     def _admit(self, queue: deque, free: list[int], live: dict[int, _Slot],
                nxt: torch.Tensor) -> Iterator[Finished]:

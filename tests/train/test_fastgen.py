@@ -50,3 +50,29 @@ def test_slot_engine_refuses_what_it_cannot_run() -> None:
     model.model.rotary_emb = None
     del model.model.rotary_emb
     assert "rotary_emb" in (supports(model) or "")
+
+
+def test_stop_on_loop_cuts_each_answer_where_a_window_first_repeats() -> None:
+    """Answers with stop_on_loop are the full greedy answers cut right after the first token that
+    completes a W-token window already in the answer; answers that never loop are untouched."""
+    torch.set_num_threads(1)
+    model = tiny_model()
+    prompts = tiny_prompts(8, seed=5)
+    todo = list(enumerate(prompts))
+    full = {f.index: f for f in SlotGenerator(model, 4, 96, 60, ()).run(todo)}
+    cut = {f.index: f for f in SlotGenerator(model, 4, 96, 60, (), stop_on_loop=3).run(todo)}
+    shortened = 0
+    for i, f in full.items():
+        ans = f.ids[f.prompt_len:]
+        want = len(ans)
+        seen: set = set()
+        for j in range(1, len(ans)):  # the window ending at answer token j (j >= 2 for W = 3)
+            if j >= 2:
+                w = tuple(ans[j - 2: j + 1])
+                if w in seen:
+                    want = j + 1
+                    break
+                seen.add(w)
+        assert cut[i].ids == f.ids[: f.prompt_len + want], i
+        shortened += want < len(ans)
+    assert shortened > 0  # the tiny random target does loop

@@ -150,3 +150,26 @@ def test_biased_engine_fails_the_check(tiny, monkeypatch):
         for idx in [(1,), (2,), (1, 2)]
     ]
     assert min(pvals) < 1e-6
+
+
+def test_step_observer_sees_each_verify_and_changes_nothing(tiny) -> None:
+    """The observer gets one StepRecord per verify step whose committed tokens rebuild the output (after
+    the prefill's token), and
+    the drafter logits it sees pick the block's drafts (greedy)."""
+    from dflash_sglang.core.engine import StepRecord
+
+    model, drafter = tiny
+    target = HFTarget(model, drafter.cfg.target_layer_ids)
+    cfg = EngineConfig(4, 12)
+    seen: list[StepRecord] = []
+    plain = ReferenceEngine(target, drafter, cfg).generate([PROMPT], SamplingConfig.uniform(1))[0]
+    watched = ReferenceEngine(target, drafter, cfg, observer=seen.append).generate(
+        [PROMPT], SamplingConfig.uniform(1))[0]
+    assert watched.output_ids == plain.output_ids
+    assert len(seen) == watched.steps
+    rebuilt = [t for r in seen for t in r.result.committed[0, : int(r.result.num_committed[0])].tolist()]
+    out = watched.output_ids  # its first token comes from the prefill, the rest from verify steps
+    assert rebuilt[: len(out) - 1] == out[1:]
+    for r in seen:
+        assert r.draft_logits is not None and r.draft_logits.shape == (1, 3, V)
+        assert torch.equal(r.draft_logits.argmax(-1), r.block[:, 1:])

@@ -1,6 +1,6 @@
 """Self-distillation throughput: answer tokens/s of the slot engine, and how many of them are fresh.
 
-Re-answers the first ``--prompts`` stored prompts of a distill store (their prompt ids, so no corpus
+Re-answers ``--prompts`` stored prompts spread evenly over a distill store (their prompt ids, so no corpus
 is needed) with ``train.fastgen.SlotGenerator`` exactly as ``dflash-sglang distill`` does (fp32, greedy,
 ``--batch-size`` slots, up to ``--max-new-tokens``), once per ``--stop-on-loop`` value, and reports
 answer tokens/s and fresh tokens/s: answer tokens whose 15-token window does not repeat an earlier
@@ -53,7 +53,8 @@ def main() -> None:
 
     model, tok = load_hf_target(str(fetch_model("smollm2-135m")))
     eos = eos_token_ids(model, tok)
-    rows = [s for shard in DistillStore.open(a.store).shard_paths() for s in _prompts(shard)][: a.prompts]
+    every = [s for shard in DistillStore.open(a.store).shard_paths() for s in _prompts(shard)]
+    rows = every[:: max(1, len(every) // a.prompts)][: a.prompts]  # spread over the store's task mix
     runs = []
     for w in (int(x) for x in a.stop_on_loop.split(",")):
         gen = SlotGenerator(model, a.batch_size, 2048, a.max_new_tokens, eos, (), stop_on_loop=w)

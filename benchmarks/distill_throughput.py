@@ -22,14 +22,11 @@ WINDOW = 15
 
 
 def fresh_count(answer: list[int], n: int = WINDOW) -> int:
-    """Answer tokens that end a window not seen earlier in the answer (the first n - 1 count as fresh)."""
-    seen: set[tuple[int, ...]] = set()
-    fresh = min(len(answer), n - 1)
-    for i in range(len(answer) - n + 1):
-        w = tuple(answer[i: i + n])
-        fresh += w not in seen
-        seen.add(w)
-    return fresh
+    """Answer tokens that start a window not seen earlier in the answer (the last n - 1 count as fresh):
+    ``train.recipe.fresh_positions``, the measure ``--anchors fresh`` trains on."""
+    from dflash_sglang.train.recipe import fresh_positions
+
+    return int(fresh_positions(torch.tensor(answer, dtype=torch.long), n).sum())
 
 
 def main() -> None:

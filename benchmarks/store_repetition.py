@@ -12,6 +12,9 @@ import glob
 import json
 
 import numpy as np
+import torch
+
+from dflash_sglang.train.recipe import fresh_positions
 
 
 def answers(root: str) -> list[tuple[list[int], int]]:
@@ -33,15 +36,11 @@ def main() -> None:
     n = a.n
     rows = answers(a.store)
     windows = repeated = looping = 0
-    for seq, plen in rows:
-        seen: set[tuple[int, ...]] = set()
-        r = 0
-        for i in range(len(seq) - n + 1):
-            g = tuple(seq[i: i + n])
-            if i + n > plen:  # a window that ends inside the answer
-                windows += 1
-                r += g in seen
-            seen.add(g)
+    for seq, plen in rows:  # windows that end inside the answer; repeats may copy the prompt
+        first = max(0, plen - n + 1)
+        starts = max(0, len(seq) - n + 1 - first)
+        r = int((~fresh_positions(torch.tensor(seq), n)[first: first + starts]).sum())
+        windows += starts
         repeated += r
         looping += r > 0
     res = {"store": a.store, "n": n, "answers": len(rows), "answer_windows": windows,

@@ -13,6 +13,38 @@ from dflash_sglang.core.random_drafter import build_random_drafter
 from dflash_sglang.models import fetch_model
 
 TRAINED = Path(__file__).resolve().parents[2] / "drafters" / "smollm2-135m-dflash-b16"
+_PARITY: dict[str, object] = {}  # "factory": the live session pool; "last": nodeid of its last user
+
+
+def _uses_parity(item: pytest.Item) -> bool:
+    return "parity_servers" in getattr(item, "fixturenames", ())
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Modules using the session's shared no-spec/DFLASH pair run back to back, at the first one's place,
+    so the pair can stop after its last user: left up, its ~7 GB sat beside the soak's and the
+    tensor-parallel modules' servers on the 24 GiB machine (the CI OOM of 2026-12-06)."""
+    mods: dict[str, list[pytest.Item]] = {}
+    for it in items:
+        mods.setdefault(it.nodeid.split("::")[0], []).append(it)
+    order = list(mods)
+    users = [m for m in order if any(_uses_parity(i) for i in mods[m])]
+    if len(users) < 2:
+        return
+    first = order.index(users[0])
+    rest = [m for m in order if m not in users]
+    items[:] = [i for m in rest[:first] + users + rest[first:] for i in mods[m]]
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    last = [i.nodeid for i in session.items if _uses_parity(i)]
+    _PARITY["last"] = last[-1] if last else None
+
+
+def pytest_runtest_teardown(item: pytest.Item) -> None:
+    factory = _PARITY.get("factory")
+    if isinstance(factory, ServerFactory) and item.nodeid == _PARITY.get("last"):
+        factory.close()  # idempotent; a later user would simply start the pair again
 
 
 @pytest.fixture(scope="session")
@@ -49,10 +81,12 @@ def parity_servers() -> Iterator[ServerFactory]:
     """Session-scoped: the request-parity and structured-output modules share one no-spec and one DFLASH
     server (two start-ups fewer; idle servers sleep, so they cost memory, not CPU)."""
     factory = ServerFactory()
+    _PARITY["factory"] = factory
     try:
         yield factory
     finally:
         factory.close()
+        _PARITY.pop("factory", None)
 
 
 @pytest.fixture(scope="session")

@@ -15,6 +15,7 @@ import random
 import threading
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -41,12 +42,6 @@ def dflash(drafter: Path) -> list[str]:
 
 
 @pytest.fixture(scope="module")
-def nospec_tp2(padded_target):
-    with launch_sglang_server(["--tp", "2"], model_path=str(padded_target)) as srv:
-        yield srv
-
-
-@pytest.fixture(scope="module")
 def dflash_tp2(padded_target, drafter_path):
     with launch_sglang_server(["--tp", "2", *dflash(drafter_path)], model_path=str(padded_target),
                               env=STRICT) as srv:
@@ -59,11 +54,6 @@ def greedy(srv, prompts: list[list[int]], conc: int) -> list[dict]:  # noqa: ANN
                              prompts))
 
 
-@pytest.fixture(scope="module")
-def reference(nospec_tp2, prompt_ids) -> list[list[int]]:
-    return [r["output_ids"] for r in greedy(nospec_tp2, prompt_ids[:6], 3)]
-
-
 def word_samples(srv) -> dict:  # noqa: ANN001
     from collections import Counter
 
@@ -73,6 +63,54 @@ def word_samples(srv) -> dict:  # noqa: ANN001
 
     with ThreadPoolExecutor(8) as pool:
         return Counter(pool.map(one, range(WORD_SAMPLES)))
+
+
+@dataclass(frozen=True)
+class NoSpecTP2:
+    reference: list[list[int]]  # greedy output ids of prompt_ids[:6]
+    words: dict  # sampled (token, token) -> count over WORD_SAMPLES seeds
+
+
+@pytest.fixture(scope="module")
+def nospec_tp2(padded_target, prompt_ids) -> NoSpecTP2:
+    """Everything the module compares against, from a no-spec TP 2 server that is stopped before any
+    other TP server starts: each TP 2 server is about 5 GB here (launcher, two ranks, detokenizer), and
+    three at once on the 24 GiB machine got the two-node launchers OOM-killed (CI, 2026-12-06: node 0
+    never became healthy; measured 23.2 of 24 GB in use with the three up)."""
+    with launch_sglang_server(["--tp", "2"], model_path=str(padded_target)) as srv:
+        return NoSpecTP2([r["output_ids"] for r in greedy(srv, prompt_ids[:6], 3)], word_samples(srv))
+
+
+@pytest.fixture(scope="module")
+def reference(nospec_tp2: NoSpecTP2) -> list[list[int]]:
+    return nospec_tp2.reference
+
+
+def test_two_nodes_on_loopback_equal_single_node_tp2(padded_target, drafter_path, prompt_ids, reference,
+                                                     tmp_path) -> None:
+    """``--nnodes 2 --node-rank 0|1 --dist-init-addr 127.0.0.1:PORT``: one rank per launcher, one TP
+    group across both. Rank-0 serves HTTP; greedy output equals no-spec at TP 2 on one node. The default
+    (adaptive) block policy is left on: it must switch itself off, since ranks timing their own steps
+    could choose different blocks and break the collectives (a crash measured before it did)."""
+    addr = f"127.0.0.1:{free_port()}"
+    leak_check = {"SGLANG_ENABLE_STRICT_MEM_CHECK_DURING_IDLE": "1"}
+    common = ["--tp", "2", "--nnodes", "2", "--dist-init-addr", addr, *dflash(drafter_path)]
+    node1_path = tmp_path / "node1.log"
+    try:
+        node1_env = {**leak_check, "SGLANG_CPU_OMP_THREADS_BIND": "1"}
+        with launch_follower_node([*common, "--node-rank", "1"], model_path=str(padded_target),
+                                  log_path=node1_path, env=node1_env), \
+                launch_sglang_server([*common, "--node-rank", "0"], model_path=str(padded_target),
+                                     env={**leak_check, "SGLANG_CPU_OMP_THREADS_BIND": "0"}) as node0:
+            got = greedy(node0, prompt_ids[:6], 3)
+            node1_log = node1_path.read_text(errors="replace")
+            assert "adaptive block off under tensor parallelism" in node0.log_path.read_text(errors="replace")
+    except (RuntimeError, TimeoutError) as e:  # node 0's error carries only its own log: add node 1's
+        tail = node1_path.read_text(errors="replace").splitlines()[-60:] if node1_path.exists() else []
+        raise AssertionError("two-node launch failed; node 1 log tail:\n" + "\n".join(tail)) from e
+    assert [g["output_ids"] for g in got] == reference
+    assert all(g["meta_info"]["spec_verify_ct"] > 0 for g in got)
+    assert "TP1] dflash-sglang: our DFlash worker runs" in node1_log
 
 
 def test_both_ranks_run_our_worker_with_the_vocabulary_split(dflash_tp2) -> None:
@@ -92,10 +130,10 @@ def test_greedy_identical_to_nospec_at_tp2(dflash_tp2, prompt_ids, reference) ->
     assert tokens / steps > 1.1, f"tau {tokens / steps:.2f} at TP 2"
 
 
-def test_sampling_distribution_matches_nospec_at_tp2(dflash_tp2, nospec_tp2) -> None:
+def test_sampling_distribution_matches_nospec_at_tp2(dflash_tp2, nospec_tp2: NoSpecTP2) -> None:
     from parity import same_distribution_pvalue
 
-    p = same_distribution_pvalue(word_samples(dflash_tp2), word_samples(nospec_tp2), WORD_SAMPLES)
+    p = same_distribution_pvalue(word_samples(dflash_tp2), nospec_tp2.words, WORD_SAMPLES)
     assert p > 1e-3, f"DFLASH TP 2 sampling distribution differs from no-spec TP 2 (p={p:.2e})"
 
 
@@ -131,25 +169,3 @@ def test_radix_hit_and_aborts_at_tp2(dflash_tp2, prompt_ids) -> None:
     srv.wait_idle()  # idle iterations: the strict leak check runs on both ranks
     assert srv.process.poll() is None, "server died (KV leak check?)"
     assert "memory leak" not in srv.log_path.read_text(errors="replace")
-
-
-def test_two_nodes_on_loopback_equal_single_node_tp2(padded_target, drafter_path, prompt_ids, reference,
-                                                     tmp_path) -> None:
-    """``--nnodes 2 --node-rank 0|1 --dist-init-addr 127.0.0.1:PORT``: one rank per launcher, one TP
-    group across both. Rank-0 serves HTTP; greedy output equals no-spec at TP 2 on one node. The default
-    (adaptive) block policy is left on: it must switch itself off, since ranks timing their own steps
-    could choose different blocks and break the collectives (a crash measured before it did)."""
-    addr = f"127.0.0.1:{free_port()}"
-    leak_check = {"SGLANG_ENABLE_STRICT_MEM_CHECK_DURING_IDLE": "1"}
-    common = ["--tp", "2", "--nnodes", "2", "--dist-init-addr", addr, *dflash(drafter_path)]
-    with launch_follower_node([*common, "--node-rank", "1"], model_path=str(padded_target),
-                              log_path=tmp_path / "node1.log", env={**leak_check,
-                                                                     "SGLANG_CPU_OMP_THREADS_BIND": "1"}), \
-            launch_sglang_server([*common, "--node-rank", "0"], model_path=str(padded_target),
-                                 env={**leak_check, "SGLANG_CPU_OMP_THREADS_BIND": "0"}) as node0:
-        got = greedy(node0, prompt_ids[:6], 3)
-        node1_log = (tmp_path / "node1.log").read_text(errors="replace")
-        assert "adaptive block off under tensor parallelism" in node0.log_path.read_text(errors="replace")
-    assert [g["output_ids"] for g in got] == reference
-    assert all(g["meta_info"]["spec_verify_ct"] > 0 for g in got)
-    assert "TP1] dflash-sglang: our DFlash worker runs" in node1_log

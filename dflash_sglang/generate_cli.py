@@ -35,6 +35,10 @@ def add_generate_parser(sub: argparse._SubParsersAction) -> None:
                         "target's; always lossless)")
     p.add_argument("--full-draft-vocab", action="store_true",
                    help="draft over the whole vocabulary even if the drafter has a draft_vocab.json")
+    p.add_argument("--predraft-fanout", type=int, default=0,
+                   help="pre-draft block n+1 for the F likeliest outcomes of verify(n) (issue #20; 0: off)")
+    p.add_argument("--predraft-thread", action="store_true",
+                   help="run the pre-draft on a second thread while the target verifies")
     p.add_argument("--limit", type=int, default=None)
     p.add_argument("--per-category", type=int, default=None,
                    help="first N prompts of every category (applied before --limit)")
@@ -69,7 +73,8 @@ def build(args: argparse.Namespace) -> Setup:
     head_dtype = {"auto": None, "target": model.dtype, "bfloat16": torch.bfloat16}[args.draft_head_dtype]
     if args.full_draft_vocab:
         drafter.draft_vocab = None
-    cfg = EngineConfig(block, args.max_new_tokens, eos, args.sampling_mode, head_dtype)
+    cfg = EngineConfig(block, args.max_new_tokens, eos, args.sampling_mode, head_dtype,
+                       predraft_fanout=args.predraft_fanout, predraft_thread=args.predraft_thread)
     return Setup(ReferenceEngine(target, drafter, cfg), target, tok, eos)
 
 
@@ -101,6 +106,8 @@ def run_generate(args: argparse.Namespace) -> int:
     if args.check_lossless or not args.no_baseline:
         base, base_time = _baseline(s, ids, args)
     stats = summarize(prompts, spec, spec_time, base, base_time, s.engine.cfg.block_size, args)
+    if s.engine.predrafter is not None:
+        stats["predraft"] = {**s.engine.predrafter.stats.to_dict(), "thread": args.predraft_thread}
     if not args.json:
         for p, r in zip(prompts[:3], spec, strict=False):
             print(f"--- {p.text[:70]!r}\n{s.tokenizer.decode(r.output_ids)}\n")

@@ -147,10 +147,14 @@ class DFlashDrafter(nn.Module):
         block_embeds: torch.Tensor,  # [bs, B, H] target embeddings (unscaled)
         block_positions: torch.Tensor,  # [bs, B]
         ctx: ContextKV,
+        block_valid: torch.Tensor | None = None,  # [bs, B] bool; False = right padding (None: all valid)
     ) -> torch.Tensor:
-        """-> final-normed hidden states [bs, B, H] for every block position (in-memory context KV)."""
+        """-> final-normed hidden states [bs, B, H] for every block position (in-memory context KV).
+        Padding positions are no key for any query; their own outputs are meaningless."""
+        if block_valid is None:
+            block_valid = torch.ones_like(block_positions, dtype=torch.bool)
         k_pos = torch.cat([ctx.positions, block_positions], dim=1)
-        k_valid = torch.cat([ctx.valid, torch.ones_like(block_positions, dtype=torch.bool)], dim=1)
+        k_valid = torch.cat([ctx.valid, block_valid], dim=1)
         masks: dict[tuple[bool, int | None], torch.Tensor] = {}
 
         def attend(i: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:

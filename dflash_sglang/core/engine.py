@@ -14,18 +14,21 @@ dropped from the batch, which bounds the waste.
 from __future__ import annotations
 
 from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 import torch
 
 from .draft_cache import DraftContextCache
 from .draft_head import DraftHead
-from .drafter import DFlashDrafter
+from .drafter import ContextKV, DFlashDrafter
+from .predraft import Calibration, DraftBelief, PreDrafts, PreDraftStats, predict_outcomes, predraft_block
 from .sampling import SamplingConfig, probs_from_logits, sample_from_probs
 from .target import HFTarget, TargetOutput, left_pad
 from .verify import VerifyResult, verify
 
 SAMPLING_MODES = ("rejection", "target_only")
+PREDRAFT_ALTERNATIVES = 4  # bonus candidates per block position for the pre-draft guesses
 
 
 @dataclass(frozen=True)
@@ -38,10 +41,15 @@ class EngineConfig:
     # is lossless: greedy verification never trusts a draft, and sampled drafts are verified against
     # the q they came from.
     draft_head_dtype: torch.dtype | None = None
+    # F > 0: pre-draft block n+1 for the F likeliest outcomes of verify(n) (issue #20; PreDrafter)
+    predraft_fanout: int = 0
+    predraft_thread: bool = False  # run that pre-draft on a second thread while the target verifies
 
     def __post_init__(self) -> None:
         if self.block_size < 1:
             raise ValueError(f"block_size={self.block_size}: must be >= 1")
+        if self.predraft_fanout < 0:
+            raise ValueError(f"predraft_fanout={self.predraft_fanout}: must be >= 0 (0: off)")
         if self.sampling_mode not in SAMPLING_MODES:
             raise ValueError(f"sampling_mode={self.sampling_mode!r}: use one of {SAMPLING_MODES}")
 
@@ -77,11 +85,13 @@ class _Batch:
     cache: object  # HF DynamicCache, T slots per row
     draft: DraftContextCache | None  # None for plain decoding
     sampling: SamplingConfig
+    reuse: PreDrafts | None = None  # pre-drafts made while the last block was verified
+    reuse_hit: torch.Tensor | None = None  # [bs] which of them matched verify's outcome, -1: none
 
 
 class ReferenceEngine:
     def __init__(self, target: HFTarget, drafter: DFlashDrafter, cfg: EngineConfig,
-                 observer: StepObserver | None = None) -> None:
+                 observer: StepObserver | None = None, calibration: Calibration | None = None) -> None:
         drafter.cfg.validate_against(target.spec)
         self.observer = observer  # called after every verify with a StepRecord
         self.target, self.drafter, self.cfg = target, drafter, cfg
@@ -89,6 +99,8 @@ class ReferenceEngine:
         self.injected = 0  # context positions projected into draft KV, over all generate() calls
         # [V', H]: the target's LM head, restricted to the drafter's draft vocabulary if it has one
         self.head = DraftHead.build(target.lm_head_weight, drafter.draft_vocab, cfg.draft_head_dtype)
+        fanout = cfg.predraft_fanout if cfg.block_size > 1 else 0
+        self.predrafter = PreDrafter(self, fanout, calibration or Calibration.identity()) if fanout else None
 
     @torch.no_grad()
     def generate(
@@ -103,11 +115,15 @@ class ReferenceEngine:
         while batch is not None:
             block, draft_probs, logits = self._draft(batch, generator)
             positions = _block_positions(batch, self.cfg.block_size)
+            pending = None if self.predrafter is None else self.predrafter.start(batch, block, draft_probs,
+                                                                                 logits, generator)
             out = self.target.forward(block, positions, _visible(batch, self.cfg.block_size), batch.cache)
             res = verify(block, out.logits, batch.sampling, draft_probs, generator)
             if self.observer is not None:
                 full = None if logits is None else self.head.full_logits(logits)
                 self.observer(StepRecord(batch.req, block, full, res))
+            if pending is not None:  # joined before commit: the pre-draft reads the draft context
+                self.predrafter.finish(batch, pending.result(), res)
             self._commit(batch, block, out.taps, res, results)
             batch = _retire(batch, results, self.cfg)
         return results
@@ -118,23 +134,55 @@ class ReferenceEngine:
         """-> block tokens [bs, B], the draft probabilities [bs, B-1, V] (None: argmax drafts) and the
         drafter's logits over the draft head's rows [bs, B-1, V'] (None at B = 1).
 
-        Drafts come from the draft head's rows (V' <= V); q is zero outside them."""
+        Drafts come from the draft head's rows (V' <= V); q is zero outside them. A row whose previous
+        verify outcome was pre-drafted (core.predraft) takes that pre-draft; the others are drafted now."""
         bsz, nb = b.last.shape[0], self.cfg.block_size
         block = torch.full((bsz, nb), self.mask_id, dtype=torch.long, device=b.last.device)
         block[:, 0] = b.last
         if nb == 1:
             return block, None, None
+        hit = b.reuse_hit if b.reuse is not None else torch.full_like(b.last, -1)
+        fresh, used = (hit < 0).nonzero().flatten(), (hit >= 0).nonzero().flatten()
+        rows_q = None if self.cfg.sampling_mode == "target_only" else \
+            torch.empty(bsz, nb - 1, self.head.size, device=block.device)
+        logits = torch.empty(bsz, nb - 1, self.head.size, device=block.device)
+        if fresh.numel():
+            tokens, q, lg = self._draft_rows(b, fresh if used.numel() else None, generator)
+            block[fresh, 1:], logits[fresh] = tokens, lg
+            if rows_q is not None:
+                rows_q[fresh] = q
+        if used.numel():
+            assert b.reuse is not None
+            g = hit[used]
+            block[used, 1:], logits[used] = b.reuse.tokens[used, g], b.reuse.logits[used, g]
+            if rows_q is not None:
+                assert b.reuse.rows_q is not None
+                rows_q[used] = b.reuse.rows_q[used, g]
+        return block, None if rows_q is None else self.head.full(rows_q), logits
+
+    def _draft_rows(self, b: _Batch, rows: torch.Tensor | None, generator: torch.Generator | None
+                    ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
+        """Draft block [last, mask x (B-1)] of ``rows`` (None: every row) -> draft tokens [n, B-1], their
+        probabilities over the head's rows [n, B-1, V'] (None: argmax drafts), logits [n, B-1, V']."""
         assert b.draft is not None
-        embeds = self.target.embed(block)
-        hidden = self.drafter.forward_block(embeds, _block_positions(b, nb), b.draft.view())
-        hidden = hidden[:, 1:].to(self.head.weight.dtype)
-        logits = self.drafter.logits(hidden, self.head.weight).float()  # [bs, B-1, V']
+        nb = self.cfg.block_size
+        ctx, pos, last, sampling = b.draft.view(), _block_positions(b, nb), b.last, b.sampling
+        if rows is not None:
+            ctx, pos, last, sampling = ctx_rows(ctx, rows), pos[rows], last[rows], sampling.select(rows)
+        block = torch.full((last.shape[0], nb), self.mask_id, dtype=torch.long, device=last.device)
+        block[:, 0] = last
+        hidden = self.drafter.forward_block(self.target.embed(block), pos, ctx)
+        return self.sample_drafts(hidden[:, 1:], sampling, generator)
+
+    def sample_drafts(self, hidden: torch.Tensor, sampling: SamplingConfig, generator: torch.Generator | None
+                      ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
+        """Drafter hidden states [n, m, H] -> (tokens [n, m], q over the head's rows [n, m, V'] or None
+        for argmax drafts, logits [n, m, V']): the one place drafts are picked from the drafter."""
+        logits = self.drafter.logits(hidden.to(self.head.weight.dtype), self.head.weight).float()
         if self.cfg.sampling_mode == "target_only":
-            block[:, 1:] = self.head.to_tokens(logits.argmax(-1))
-            return block, None, logits
-        q = probs_from_logits(logits, b.sampling)  # [bs, B-1, V']
-        block[:, 1:] = self.head.to_tokens(sample_from_probs(q, generator))
-        return block, self.head.full(q), logits
+            return self.head.to_tokens(logits.argmax(-1)), None, logits
+        q = probs_from_logits(logits, sampling)
+        return self.head.to_tokens(sample_from_probs(q, generator)), q, logits
 
     def _commit(self, b: _Batch, block: torch.Tensor, taps: torch.Tensor, res: VerifyResult,
                 results: list[RequestResult]) -> None:
@@ -152,6 +200,71 @@ class ReferenceEngine:
             out.committed_per_step.append(k)
         b.last = res.bonus
         b.n = b.n + res.num_committed
+
+
+class PreDrafter:
+    """Issue #20 in the reference engine: while the target verifies block n, draft block n+1 for the F
+    likeliest outcomes of that verify (core.predraft), in one batched drafter pass; on a hit the next
+    step uses that pre-draft instead of drafting. Verification is unchanged, so output is lossless
+    either way (a sampled pre-draft is drawn from, and verified against, its own q)."""
+
+    def __init__(self, engine: ReferenceEngine, fanout: int, calibration: Calibration) -> None:
+        self.engine, self.fanout, self.calibration = engine, fanout, calibration
+        self.stats = PreDraftStats(fanout)
+        self._pool = ThreadPoolExecutor(1) if engine.cfg.predraft_thread else None
+
+    def start(self, b: _Batch, block: torch.Tensor, draft_probs: torch.Tensor | None, logits: torch.Tensor,
+              generator: torch.Generator | None) -> Future[PreDrafts]:
+        """Begin the pre-draft of block n+1 (on the second thread when configured). A threaded sampled
+        pre-draft draws from its own generator: a torch.Generator is not shared across threads."""
+        if self._pool is None:
+            done: Future[PreDrafts] = Future()
+            done.set_result(self.run(b, block, draft_probs, logits, generator))
+            return done
+        own = None if generator is None else torch.Generator(block.device).manual_seed(
+            int(torch.randint(2**62, (1,), generator=generator)))
+        return self._pool.submit(self.run, b, block, draft_probs, logits, own)
+
+    def run(self, b: _Batch, block: torch.Tensor, draft_probs: torch.Tensor | None, logits: torch.Tensor,
+            generator: torch.Generator | None) -> PreDrafts:
+        e, nb = self.engine, self.engine.cfg.block_size
+        with torch.no_grad():
+            belief_p = torch.softmax(e.head.full_logits(logits), -1)  # [bs, B-1, V]: the drafter's belief
+            if draft_probs is not None:  # sampled rows drafted from q: their confidence is q's
+                belief_p = torch.where(b.sampling.is_greedy[:, None, None], belief_p, draft_probs)
+            guess = predict_outcomes(DraftBelief.from_probs(belief_p, block[:, 1:], PREDRAFT_ALTERNATIVES),
+                                     self.calibration, self.fanout)
+            f = guess.accept_len.shape[1]
+            inp = predraft_block(block, b.n - 1, guess, e.mask_id)
+            assert b.draft is not None
+            rep = torch.arange(block.shape[0], device=block.device).repeat_interleave(f)  # [bs*F]
+            hidden = e.drafter.forward_block(e.target.embed(inp.tokens), inp.positions,
+                                             ctx_rows(b.draft.view(), rep), inp.valid)
+            hidden = hidden.gather(1, inp.draft_at[..., None].expand(-1, -1, hidden.shape[-1]))
+            tokens, q, lg = e.sample_drafts(hidden, b.sampling.select(rep), generator)
+        bs = block.shape[0]
+        return PreDrafts(guess, tokens.view(bs, f, nb - 1), lg.view(bs, f, nb - 1, -1),
+                         None if q is None else q.view(bs, f, nb - 1, -1))
+
+    def finish(self, b: _Batch, pre: PreDrafts, res: VerifyResult) -> None:
+        """Score the guesses against verify's real outcome; hits become next step's drafts."""
+        hit = pre.match(res.accept_len, res.bonus)  # [bs]
+        st = self.stats
+        st.steps += int(hit.shape[0])
+        for rank in hit[hit >= 0].tolist():
+            st.hit_rank[rank] += 1
+        was_pre = b.reuse_hit >= 0 if b.reuse is not None and b.reuse_hit is not None \
+            else torch.zeros_like(hit, dtype=torch.bool)
+        st.predrafted_steps += int(was_pre.sum())
+        st.predrafted_committed += int(res.num_committed[was_pre].sum())
+        st.normal_committed += int(res.num_committed[~was_pre].sum())
+        b.reuse, b.reuse_hit = pre, hit
+
+
+def ctx_rows(ctx: ContextKV, rows: torch.Tensor) -> ContextKV:
+    """The context KV of request ``rows`` [n] (indices; repeats allowed)."""
+    return ContextKV([k[rows] for k in ctx.keys], [v[rows] for v in ctx.values], ctx.positions[rows],
+                     ctx.valid[rows])
 
 
 # ---------------------------------------------------------------------------- shared phases
@@ -201,10 +314,10 @@ def _retire(b: _Batch, results: list[RequestResult], cfg: EngineConfig) -> _Batc
         b.cache.batch_select_indices(rows)
         if b.draft is not None:
             b.draft.select(rows)
+        if b.reuse is not None and b.reuse_hit is not None:
+            b.reuse, b.reuse_hit = b.reuse.select(rows), b.reuse_hit[rows]
         b.req, b.last, b.n, b.kv_valid = b.req[rows], b.last[rows], b.n[rows], b.kv_valid[rows]
-        s = b.sampling
-        b.sampling = SamplingConfig(s.temperature[rows], s.top_k[rows], s.top_p[rows],
-                                    None if s.min_p is None else s.min_p[rows])
+        b.sampling = b.sampling.select(rows)
     return b
 
 

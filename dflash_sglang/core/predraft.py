@@ -103,3 +103,85 @@ def hits(guess: OutcomeGuess, accept_len: torch.Tensor, bonus: torch.Tensor) -> 
     """[bs, F] bool: guess f (or one ranked above it) equals the real outcome, i.e. hit rate at F."""
     exact = (guess.accept_len == accept_len[:, None]) & (guess.bonus == bonus[:, None])
     return exact.cumsum(1) > 0
+
+
+# ------------------------------------------------------------------- part 2: the pre-draft itself
+@dataclass(frozen=True)
+class PreDraftBlock:
+    """The drafter's input for the F pre-drafts of block n+1, one row per (request, guess): row
+    r * F + f is guess f of request r. Without target features for block n, its predicted-accepted
+    drafts and the bonus guess enter the block as known tokens (embeddings instead of masks); the
+    context stays the injected KV up to block n's start."""
+
+    tokens: torch.Tensor  # [bs*F, L] block n's first token, its k guessed-accepted drafts, the bonus
+    # guess, then B-1 masks; right-padded to L = max(k) + B + 1
+    positions: torch.Tensor  # [bs*F, L] absolute positions from block n's start
+    valid: torch.Tensor  # [bs*F, L] bool; False = padding
+    draft_at: torch.Tensor  # [bs*F, B-1] indices into L of block n+1's draft positions
+
+
+def predraft_block(block: torch.Tensor, start: torch.Tensor, guess: OutcomeGuess,
+                   mask_id: int) -> PreDraftBlock:
+    """block [bs, B] block n (first token, drafts); start [bs] the position of block[:, 0]."""
+    bs, nb = block.shape
+    f = guess.accept_len.shape[1]
+    k = guess.accept_len.reshape(-1, 1)  # [bs*F, 1]
+    bonus = guess.bonus.reshape(-1, 1)
+    length = int(k.max()) + nb + 1
+    j = torch.arange(length, device=block.device)[None]  # [1, L]
+    rows = block.repeat_interleave(f, dim=0)  # [bs*F, B]
+    known = rows.gather(1, j.clamp_max(nb - 1).expand(rows.shape[0], -1))
+    tokens = torch.where(j <= k, known, torch.where(j == k + 1, bonus, mask_id))
+    valid = j < k + nb + 1
+    tokens = tokens.masked_fill(~valid, mask_id)
+    positions = start.repeat_interleave(f)[:, None] + j
+    draft_at = k + 2 + torch.arange(nb - 1, device=block.device)[None]
+    return PreDraftBlock(tokens, positions, valid, draft_at)
+
+
+@dataclass(frozen=True)
+class PreDrafts:
+    """Block n+1's drafts for each guess of verify(n)'s outcome, ready to be used on a hit."""
+
+    guess: OutcomeGuess  # [bs, F]
+    tokens: torch.Tensor  # [bs, F, B-1] draft token ids
+    logits: torch.Tensor  # [bs, F, B-1, V'] drafter logits over the draft head's rows
+    rows_q: torch.Tensor | None  # [bs, F, B-1, V'] the draft distribution (None: argmax drafts)
+
+    def select(self, rows: torch.Tensor) -> PreDrafts:
+        g = self.guess
+        return PreDrafts(OutcomeGuess(g.accept_len[rows], g.bonus[rows], g.prob[rows]), self.tokens[rows],
+                         self.logits[rows], None if self.rows_q is None else self.rows_q[rows])
+
+    def match(self, accept_len: torch.Tensor, bonus: torch.Tensor) -> torch.Tensor:
+        """[bs] index of the guess equal to the real outcome, -1 where none is."""
+        exact = (self.guess.accept_len == accept_len[:, None]) & (self.guess.bonus == bonus[:, None])
+        return torch.where(exact.any(1), exact.long().argmax(1), -1)
+
+
+@dataclass
+class PreDraftStats:
+    """Per request-step counts of one engine's pre-drafting (summed over generate() calls)."""
+
+    fanout: int
+    steps: int = 0  # request-steps that were verified with a drafted block
+    hit_rank: list[int] = None  # type: ignore[assignment]  # [F]: steps whose outcome was guess f
+    predrafted_steps: int = 0  # steps whose block was a pre-draft (the previous step hit)
+    predrafted_committed: int = 0  # tokens those steps committed
+    normal_committed: int = 0  # tokens the other steps committed
+
+    def __post_init__(self) -> None:
+        if self.hit_rank is None:
+            self.hit_rank = [0] * self.fanout
+
+    def hit_rate(self, f: int) -> float:
+        """Share of steps whose outcome was among the first f guesses."""
+        return sum(self.hit_rank[:f]) / max(1, self.steps)
+
+    def to_dict(self) -> dict:
+        normal = self.steps - self.predrafted_steps
+        return {"fanout": self.fanout, "steps": self.steps,
+                "hit_rate": {f"F={f}": round(self.hit_rate(f), 4) for f in (1, 2, 4, 8) if f <= self.fanout},
+                "predrafted_steps": self.predrafted_steps,
+                "tau_predrafted": self.predrafted_committed / max(1, self.predrafted_steps),
+                "tau_normal": self.normal_committed / max(1, normal)}

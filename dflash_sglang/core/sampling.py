@@ -55,6 +55,12 @@ class SamplingConfig:
     def bs(self) -> int:
         return int(self.temperature.shape[0])
 
+    def select(self, rows: torch.Tensor) -> SamplingConfig:
+        """The parameters of ``rows`` [n] (indices; repeats allowed). The host hints are dropped (a
+        subset may be all greedy where the whole batch was not)."""
+        return SamplingConfig(self.temperature[rows], self.top_k[rows], self.top_p[rows],
+                              None if self.min_p is None else self.min_p[rows])
+
     @property
     def is_greedy(self) -> torch.Tensor:
         """[bs] bool: rows decoded by argmax."""

@@ -79,6 +79,11 @@ class TrainConfig:
     soft_labels: float = _opt(0.0, "share of the target's own next-token distribution in each label "
                                    "(0: the stored greedy tokens only; 1: cross-entropy to the target's "
                                    "distribution, i.e. KL), recomputed from the last tap (train.teacher)")
+    predraft_share: float = _opt(0.0, "share of steps whose blocks are pre-draft blocks (issue #20): the "
+                                      "anchor token and 1..--predraft-known tokens after it are known "
+                                      "without target features, as when block n+1 is drafted before "
+                                      "verify(n); the checkpoint format is unchanged")
+    predraft_known: int = _opt(2, "most known tokens after the anchor in a pre-draft block")
     resume: bool = True
     stop_at: int | None = None  # stop (and checkpoint) after this step, as if interrupted
     show_progress: bool = True
@@ -180,6 +185,18 @@ def step_generator(cfg: TrainConfig, step: int, d: Dist) -> torch.Generator:
     return torch.Generator().manual_seed(cfg.seed * 1_000_003 + step * 131 + d.rank)
 
 
+def step_known(cfg: TrainConfig, step: int) -> int:
+    """Known tokens after each anchor in ``step``'s blocks: 0 (ordinary), or on a ``predraft_share`` of
+    the steps 1..predraft_known. Its own seeded draw (the same on every rank: one block length per
+    step), so a run without pre-draft blocks draws exactly the batches it always did."""
+    if cfg.predraft_share <= 0:
+        return 0
+    g = torch.Generator().manual_seed(cfg.seed * 7_777_777 + step)
+    if float(torch.rand(1, generator=g)) >= cfg.predraft_share:
+        return 0
+    return int(torch.randint(1, cfg.predraft_known + 1, (1,), generator=g))
+
+
 def train(cfg: TrainConfig, drafter: DFlashDrafter, target: HFTarget, samples: list[Sample],
           eval_prompts: list[list[int]], eos_token_ids: tuple[int, ...],
           eval_samples: list[Sample] | None = None, train_vocab: torch.Tensor | None = None) -> TrainResult:
@@ -263,7 +280,8 @@ def _train_step(cfg: TrainConfig, model: torch.nn.Module, module: BlockLoss, opt
         taps = [t.cpu() for t in online_taps(target, picked)]
     cfgd = module.drafter.cfg
     batch = build_batch([s.ids for s in picked], anchors, taps, cfgd.block_size, cfg.blocks_per_seq,
-                        int(cfgd.mask_token_id)).to(next(module.parameters()).device)
+                        int(cfgd.mask_token_id), known=step_known(cfg, step)
+                        ).to(next(module.parameters()).device)
     with step_autocast(cfg, str(batch.taps.device)):
         out = model(batch)
     opt.zero_grad(set_to_none=True)
@@ -297,13 +315,14 @@ def measure_tau(drafter: DFlashDrafter, target: HFTarget, prompts: list[list[int
 
 @torch.no_grad()
 def heldout_acceptance(module: BlockLoss, samples: list[Sample], blocks_per_seq: int,
-                       seed: int = 20261204, fresh: bool = False) -> tuple[float, list[float]]:
+                       seed: int = 20261204, fresh: bool = False,
+                       known: int = 0) -> tuple[float, list[float]]:
     """Teacher-forced acceptance on held-out distilled answers, anchors drawn with a fixed seed (the same
     blocks at every evaluation). -> (mean 1 + leading correct drafts over full blocks, per block position
     the share of blocks whose drafts are correct up to and including it). For greedy decoding of the
     target's own answers this is tau at random anchors, without running the target. ``fresh``: only
     anchors outside the answers' loops (recipe.fresh_positions), the text that a short generation
-    such as Spec-Bench's 64 tokens meets."""
+    such as Spec-Bench's 64 tokens meets. ``known``: pre-draft blocks (recipe.build_batch)."""
     gen = torch.Generator().manual_seed(seed)
     was = module.training
     module.eval()
@@ -315,7 +334,7 @@ def heldout_acceptance(module: BlockLoss, samples: list[Sample], blocks_per_seq:
         anchors = [sample_anchors(s.prompt_len, len(s.ids), blocks_per_seq, gen,
                                   fresh_positions(s.ids, FRESH_WINDOW) if fresh else None) for s in part]
         batch = build_batch([s.ids for s in part], anchors, [s.taps for s in part], cfgd.block_size,
-                            blocks_per_seq, int(cfgd.mask_token_id)).to(dev)
+                            blocks_per_seq, int(cfgd.mask_token_id), known).to(dev)
         correct, valid = module.draft_hits(batch)  # as served: the drafter's own draft head
         runs.append(correct.long().cumprod(-1)[valid.all(-1)])  # [blocks, B-1]
     module.train(was)
@@ -336,6 +355,9 @@ def _evaluate(cfg: TrainConfig, module: BlockLoss, target: HFTarget,
             rec["heldout_acc_len"], rec["heldout_pos"] = acc, pos
             acc, pos = heldout_acceptance(module, samples, cfg.blocks_per_seq, fresh=True)
             rec["heldout_fresh_acc_len"], rec["heldout_fresh_pos"] = acc, pos
+            if cfg.predraft_share > 0:  # the pre-draft form with one known token (a hit at accept 0)
+                acc, pos = heldout_acceptance(module, samples, cfg.blocks_per_seq, fresh=True, known=1)
+                rec["heldout_predraft_acc_len"], rec["heldout_predraft_pos"] = acc, pos
         if prompts:
             rec["tau"] = measure_tau(module.drafter, target, prompts, eos, cfg.eval_max_new_tokens)
         res.taus.append(rec)

@@ -5,6 +5,11 @@ Per sequence, K anchor positions are drawn from the response tokens. Block j is
 K/V of positions ``< anchor_j`` of its own sequence (computed once per sequence and layer, shared by all
 its blocks) and, bidirectionally, its own block, nothing else. The loss is cross-entropy at block
 positions 1..B-1 against the tokens at ``anchor_j + 1 .. anchor_j + B - 1``, weighted exp(-(k-1)/gamma).
+
+Pre-draft blocks (issue #20, ``known`` = j > 0): ``[tokens at anchor_j .. anchor_j + j, mask x (B-1)]``,
+j + B long, the same context (positions < anchor_j): the first j + 1 tokens are known but have no target
+features, as when block n+1 is drafted before verify(n) has run (core.predraft). Labels are the B-1
+tokens after them. j = 0 is the ordinary block.
 """
 
 from __future__ import annotations
@@ -40,13 +45,25 @@ def loss_weights(block_size: int, gamma: float) -> torch.Tensor:
 class BlockBatch:
     taps: torch.Tensor  # [S, L, T*H] context features of positions 0..L-1
     ctx_valid: torch.Tensor  # [S, L] bool
-    block_ids: torch.Tensor  # [S, K*B] anchor token then mask tokens
-    block_pos: torch.Tensor  # [S, K*B] absolute positions
+    block_ids: torch.Tensor  # [S, K*(B+j)] anchor token, j known tokens, then B-1 mask tokens
+    block_pos: torch.Tensor  # [S, K*(B+j)] absolute positions
     labels: torch.Tensor  # [S, K, B-1] next tokens; IGNORE past the sequence end / padding blocks
-    mask: torch.Tensor  # [S, 1, K*B, L + K*B] bool attention visibility
+    mask: torch.Tensor  # [S, 1, K*(B+j), L + K*(B+j)] bool attention visibility
 
     def to(self, device: torch.device | str) -> BlockBatch:
         return BlockBatch(*(getattr(self, f).to(device) for f in self.__dataclass_fields__))
+
+    @property
+    def known(self) -> int:
+        """j: known tokens after each anchor token (0: ordinary blocks; > 0: pre-draft blocks)."""
+        s, k, nb1 = self.labels.shape
+        return self.block_ids.shape[1] // k - nb1 - 1 if k else 0
+
+    def drafted(self, per_position: torch.Tensor) -> torch.Tensor:
+        """[S, K*(B+j), ...] block-position tensor -> [S, K, B-1, ...] at the positions that draft."""
+        s, k, nb1 = self.labels.shape
+        j = self.known
+        return per_position.view(s, k, nb1 + 1 + j, *per_position.shape[2:])[:, :, 1 + j:]
 
 
 def sample_anchors(prompt_len: int, n: int, k: int, gen: torch.Generator,
@@ -79,14 +96,16 @@ def fresh_positions(ids: torch.Tensor, window: int) -> torch.Tensor:
 
 
 def build_batch(ids: list[torch.Tensor], anchors: list[torch.Tensor], taps: list[torch.Tensor],
-                block_size: int, blocks: int, mask_id: int) -> BlockBatch:
-    """ids: per sequence [n]; anchors: per sequence [<= blocks]; taps: per sequence [n-1, T*H]."""
-    s, nb, length = len(ids), block_size, max(t.shape[0] for t in taps)
+                block_size: int, blocks: int, mask_id: int, known: int = 0) -> BlockBatch:
+    """ids: per sequence [n]; anchors: per sequence [<= blocks]; taps: per sequence [n-1, T*H];
+    ``known``: j known tokens after each anchor token (pre-draft blocks, see the module docstring)."""
+    s, length = len(ids), max(t.shape[0] for t in taps)
+    nb = block_size + known  # tokens per block
     feat = torch.zeros(s, length, taps[0].shape[-1], dtype=torch.float32)
     ctx_valid = torch.zeros(s, length, dtype=torch.bool)
     anchor = torch.zeros(s, blocks, dtype=torch.long)
     a_valid = torch.zeros(s, blocks, dtype=torch.bool)
-    labels = torch.full((s, blocks, nb - 1), IGNORE, dtype=torch.long)
+    labels = torch.full((s, blocks, block_size - 1), IGNORE, dtype=torch.long)
     block_ids = torch.full((s, blocks, nb), mask_id, dtype=torch.long)
     offs = torch.arange(nb)
     for i, (seq, anc, tp) in enumerate(zip(ids, anchors, taps, strict=True)):
@@ -94,10 +113,10 @@ def build_batch(ids: list[torch.Tensor], anchors: list[torch.Tensor], taps: list
         ctx_valid[i, : tp.shape[0]] = True
         m = anc.shape[0]
         anchor[i, :m], a_valid[i, :m] = anc, True
-        block_ids[i, :m, 0] = seq[anc]
-        tgt = anc[:, None] + offs[None, 1:]  # [m, B-1]
-        ok = tgt < seq.shape[0]
-        labels[i, :m] = torch.where(ok, seq[tgt.clamp_max(seq.shape[0] - 1)], IGNORE)
+        last = seq.shape[0] - 1
+        block_ids[i, :m, : known + 1] = seq[(anc[:, None] + offs[None, : known + 1]).clamp_max(last)]
+        tgt = anc[:, None] + offs[None, known + 1:]  # [m, B-1]
+        labels[i, :m] = torch.where(tgt <= last, seq[tgt.clamp_max(last)], IGNORE)
     block_pos = (anchor[:, :, None] + offs).reshape(s, blocks * nb)
     return BlockBatch(feat, ctx_valid, block_ids.reshape(s, -1), block_pos, labels,
                       block_mask(anchor, a_valid, ctx_valid, nb))
@@ -175,7 +194,7 @@ class BlockLoss(nn.Module):
 
     def forward(self, b: BlockBatch) -> LossOut:
         s, k, nb1 = b.labels.shape
-        h = self.hidden(b).view(s, k, nb1 + 1, -1)[:, :, 1:]  # [S, K, B-1, H]
+        h = b.drafted(self.hidden(b))  # [S, K, B-1, H]
         valid = b.labels != IGNORE
         weight, tgt = self._softmax_rows(b.labels[valid])  # tgt [N]: rows, -1 = cannot be drafted
         inside = tgt >= 0
@@ -191,7 +210,7 @@ class BlockLoss(nn.Module):
             soft = None
             if self.teacher is not None:  # the target's hidden state where it predicted each label
                 t_h = self.teacher(b.taps)  # [S, L, H]
-                t_pos = b.block_pos.view(s, k, nb1 + 1)[:, :, :-1].clamp_max(t_h.shape[1] - 1)  # [S, K, B-1]
+                t_pos = (b.drafted(b.block_pos) - 1).clamp_max(t_h.shape[1] - 1)  # [S, K, B-1]
                 soft = t_h[torch.arange(s, device=t_h.device)[:, None, None], t_pos][valid][inside]
             total, hit[inside] = fused_weighted_ce(rows, weight, tgt[inside], w, cfg.output_multiplier,
                                                    teacher=soft, alpha=self.soft_alpha)
@@ -203,8 +222,7 @@ class BlockLoss(nn.Module):
     def draft_hits(self, b: BlockBatch) -> tuple[torch.Tensor, torch.Tensor]:
         """Top-1 hits [S, K, B-1] of the drafter's own draft head (what it proposes when serving), and
         the valid mask."""
-        s, k, nb1 = b.labels.shape
-        h = self.hidden(b).view(s, k, nb1 + 1, -1)[:, :, 1:]
+        h = b.drafted(self.hidden(b))
         valid = b.labels != IGNORE
         logits = self.drafter.logits(h[valid].to(self.head.weight.dtype), self.head.weight)
         correct = torch.zeros_like(valid)

@@ -154,3 +154,23 @@ def test_soft_label_training_learns_the_greedy_tokens(tmp_path: Path) -> None:
     res = tiny_train(tmp_path / "s", steps=40, lr=1e-2, soft_labels=1.0)
     accs = [r["acc_len"] for r in res.history]
     assert sum(accs[-5:]) / 5 > sum(accs[:5]) / 5, accs
+
+
+def test_predraft_share_mixes_block_forms_by_step_and_leaves_old_runs_alone() -> None:
+    from dflash_sglang.train.loop import step_known
+
+    assert all(step_known(TrainConfig(out="x"), s) == 0 for s in range(50))
+    cfg = TrainConfig(out="x", predraft_share=0.5, predraft_known=2)
+    known = [step_known(cfg, s) for s in range(400)]
+    assert known == [step_known(cfg, s) for s in range(400)]  # a function of (seed, step): resumable
+    share = sum(k > 0 for k in known) / len(known)
+    assert 0.4 < share < 0.6 and set(known) == {0, 1, 2}, (share, set(known))
+
+
+def test_predraft_blocks_train(tmp_path: Path) -> None:
+    """Every step made of pre-draft blocks: the drafter still learns (acc_len over the drafted
+    positions rises), and the run writes the same checkpoint format."""
+    res = tiny_train(tmp_path / "p", steps=40, lr=1e-2, predraft_share=1.0, predraft_known=2)
+    accs = [r["acc_len"] for r in res.history]
+    assert sum(accs[-5:]) / 5 > sum(accs[:5]) / 5, accs
+    assert DFlashDrafter.from_pretrained(tmp_path / "p").cfg.block_size == 4

@@ -133,6 +133,36 @@ def test_training_forward_matches_inference_forward() -> None:
             torch.testing.assert_close(h[:1, j * BLOCK: (j + 1) * BLOCK], want, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("known", [1, 2])
+def test_predraft_blocks_are_what_the_engine_predrafts(known: int) -> None:
+    """A training block with ``known`` j known tokens is the reference engine's pre-draft input for a
+    verify outcome of accept length j - 1 (core.predraft.predraft_block, unpadded), its hidden states at
+    the drafted positions equal forward_block on that input with context < anchor, and its labels are
+    the B-1 tokens after the known ones."""
+    from dflash_sglang.core.predraft import OutcomeGuess, predraft_block
+
+    loss, samples, embed = _setup()
+    s = samples[0]
+    a = s.prompt_len + 4
+    b = build_batch([s.ids], [torch.tensor([a])], [s.taps.float()], BLOCK, 1, MASK, known=known)
+    assert b.known == known and b.block_ids.shape == (1, BLOCK + known)
+    block_n = s.ids[a: a + BLOCK][None]  # block n: its first token, then drafts equal to the target's tokens
+    guess = OutcomeGuess(torch.tensor([[known - 1]]), s.ids[a + known].view(1, 1), torch.ones(1, 1))
+    inp = predraft_block(block_n, torch.tensor([a]), guess, MASK)
+    n = BLOCK + known
+    assert inp.tokens[0, :n].tolist() == b.block_ids[0].tolist()
+    assert inp.positions[0, :n].tolist() == b.block_pos[0].tolist()
+    assert b.labels[0, 0].tolist() == s.ids[a + known + 1: a + known + BLOCK].tolist()
+    d = loss.drafter
+    with torch.no_grad():
+        ctx_pos = torch.arange(a)[None]
+        k, v = d.context_kv(s.taps.float()[None, :a], ctx_pos)
+        ctx = ContextKV(k, v, ctx_pos, torch.ones(1, a, dtype=torch.bool))
+        want = d.forward_block(torch.nn.functional.embedding(b.block_ids, embed), b.block_pos, ctx)
+        torch.testing.assert_close(b.drafted(loss.hidden(b))[0, 0], want[0, known + 1:], rtol=1e-5, atol=1e-5)
+        assert torch.isfinite(loss(b).loss)
+
+
 def test_loss_is_the_weighted_cross_entropy() -> None:
     loss, samples, _ = _setup()
     anchors = [torch.tensor([samples[0].prompt_len + 1]), torch.tensor([samples[1].prompt_len])]

@@ -19,7 +19,6 @@ from __future__ import annotations
 import argparse
 import json
 import time
-from pathlib import Path
 
 import torch
 
@@ -42,18 +41,14 @@ def main() -> None:
     a = p.parse_args()
     torch.set_num_threads(a.threads)
 
-    from dflash_sglang.bench.machine import describe_machine
-    from dflash_sglang.core.drafter import DFlashDrafter
+    from dflash_sglang.bench.machine import finish_result
     from dflash_sglang.core.engine import EngineConfig, ReferenceEngine
     from dflash_sglang.core.sampling import SamplingConfig
-    from dflash_sglang.core.target import HFTarget, load_hf_target
+    from dflash_sglang.generate_cli import load_pair
     from dflash_sglang.models import fetch_model
     from dflash_sglang.prompts import chat_ids, eos_token_ids, first_per_category, load_prompts
 
-    drafter = DFlashDrafter.from_pretrained(a.draft)
-    model, tok = load_hf_target(str(fetch_model("smollm2-135m")))
-    drafter.cfg = drafter.cfg.with_tokenizer(tok)
-    target = HFTarget(model, drafter.cfg.target_layer_ids)
+    drafter, model, tok, target = load_pair(a.draft, str(fetch_model("smollm2-135m")))
     prompts = [chat_ids(tok, pr.text) for pr in first_per_category(load_prompts(a.prompts), a.per_category)]
     eos = eos_token_ids(model, tok)
     runs: dict[str, dict] = {}
@@ -86,11 +81,7 @@ def main() -> None:
                                 for r in (0.1, 0.2, 0.3, 0.5)}
     if "off" in runs:
         out["cpu_speedup"] = {m: round(runs[m]["tok_s"] / runs["off"]["tok_s"], 3) for m in runs}
-    out.update(args=vars(a), machine=describe_machine())
-    print(json.dumps({k: v for k, v in out.items() if k not in ("machine", "args")}, indent=1))
-    if a.out:
-        Path(a.out).parent.mkdir(parents=True, exist_ok=True)
-        Path(a.out).write_text(json.dumps(out, indent=1) + "\n")
+    finish_result(out, a, a.out)
 
 
 if __name__ == "__main__":

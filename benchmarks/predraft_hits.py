@@ -13,9 +13,7 @@ prompts (cross-fitted by prompt parity, so no step is scored by a calibration th
 from __future__ import annotations
 
 import argparse
-import json
 import time
-from pathlib import Path
 
 import torch
 
@@ -35,19 +33,15 @@ def main() -> None:
     a = p.parse_args()
     torch.set_num_threads(a.threads)
 
-    from dflash_sglang.bench.machine import describe_machine
-    from dflash_sglang.core.drafter import DFlashDrafter
+    from dflash_sglang.bench.machine import finish_result
     from dflash_sglang.core.engine import EngineConfig, ReferenceEngine, StepRecord
     from dflash_sglang.core.predraft import Calibration, DraftBelief, hits, predict_outcomes
     from dflash_sglang.core.sampling import SamplingConfig
-    from dflash_sglang.core.target import HFTarget, load_hf_target
+    from dflash_sglang.generate_cli import load_pair
     from dflash_sglang.models import fetch_model
     from dflash_sglang.prompts import chat_ids, eos_token_ids, first_per_category, load_prompts
 
-    drafter = DFlashDrafter.from_pretrained(a.draft)
-    model, tok = load_hf_target(str(fetch_model("smollm2-135m")))
-    drafter.cfg = drafter.cfg.with_tokenizer(tok)
-    target = HFTarget(model, drafter.cfg.target_layer_ids)
+    drafter, model, tok, target = load_pair(a.draft, str(fetch_model("smollm2-135m")))
     prompts = first_per_category(load_prompts(a.prompts), a.per_category)
     steps: list[tuple[int, DraftBelief, torch.Tensor, torch.Tensor]] = []  # (prompt, belief, k, bonus)
     current = [0]
@@ -98,11 +92,8 @@ def main() -> None:
     conf, acc = pairs(steps)
     res["calibration_all"] = {"edges": [round(float(x), 4) for x in Calibration.fit(conf, acc).edges],
                               "rates": [round(float(x), 4) for x in Calibration.fit(conf, acc).rates]}
-    res.update(args=vars(a), generate_s=round(gen_s, 1), machine=describe_machine())
-    print(json.dumps({k: v for k, v in res.items() if k not in ("machine", "args")}, indent=1))
-    if a.out:
-        Path(a.out).parent.mkdir(parents=True, exist_ok=True)
-        Path(a.out).write_text(json.dumps(res, indent=1) + "\n")
+    res["generate_s"] = round(gen_s, 1)
+    finish_result(res, a, a.out)
 
 
 if __name__ == "__main__":

@@ -12,8 +12,6 @@ is then the prompts, not the code.
 from __future__ import annotations
 
 import argparse
-import json
-from pathlib import Path
 
 import torch
 
@@ -29,21 +27,17 @@ def main() -> None:
     a = p.parse_args()
     torch.set_num_threads(a.threads)
 
-    from dflash_sglang.bench.machine import describe_machine
-    from dflash_sglang.core.drafter import DFlashDrafter
+    from dflash_sglang.bench.machine import finish_result
     from dflash_sglang.core.engine import EngineConfig, ReferenceEngine
     from dflash_sglang.core.sampling import SamplingConfig
-    from dflash_sglang.core.target import HFTarget, load_hf_target
+    from dflash_sglang.generate_cli import load_pair
     from dflash_sglang.models import fetch_model
     from dflash_sglang.prompts import eos_token_ids
     from dflash_sglang.train.distill_store import DistillStore
     from dflash_sglang.train.recipe import BlockLoss, build_batch
 
-    drafter = DFlashDrafter.from_pretrained(a.draft)
-    model, tok = load_hf_target(str(fetch_model("smollm2-135m")))
-    drafter.cfg = drafter.cfg.with_tokenizer(tok)
+    drafter, model, tok, target = load_pair(a.draft, str(fetch_model("smollm2-135m")))
     nb, mask = drafter.cfg.block_size, int(drafter.cfg.mask_token_id)
-    target = HFTarget(model, drafter.cfg.target_layer_ids)
     samples = DistillStore.open(a.store).training_samples(drafter.cfg.target_layer_ids)[: a.rows]
     engine = ReferenceEngine(target, drafter, EngineConfig(nb, a.max_new_tokens, eos_token_ids(model, tok)))
     loss = BlockLoss(drafter, target.embed_weight, target.lm_head_weight, 7.0)
@@ -64,12 +58,8 @@ def main() -> None:
     res = {"rows": len(samples), "engine_output_equals_store": same_output, "blocks": len(eng_k),
            "engine_tau": round(float(1 + e.mean()), 4),
            "teacher_forced_tau_same_blocks": round(float(1 + t.mean()), 4),
-           "blocks_agreeing": round(float((e == t).float().mean()), 4), "args": vars(a),
-           "machine": describe_machine()}
-    print(json.dumps({k: v for k, v in res.items() if k not in ("machine", "args")}))
-    if a.out:
-        Path(a.out).parent.mkdir(parents=True, exist_ok=True)
-        Path(a.out).write_text(json.dumps(res, indent=1) + "\n")
+           "blocks_agreeing": round(float((e == t).float().mean()), 4)}
+    finish_result(res, a, a.out)
 
 
 if __name__ == "__main__":

@@ -60,11 +60,17 @@ class Setup:
     eos: tuple[int, ...]
 
 
-def build(args: argparse.Namespace) -> Setup:
-    drafter = DFlashDrafter.from_pretrained(args.draft)
-    model, tok = load_hf_target(args.target)
+def load_pair(draft: str, target_path: str) -> tuple[DFlashDrafter, Any, Any, HFTarget]:
+    """A drafter and its HF target, ready for the reference engine: (drafter, model, tokenizer, target
+    tapped at the drafter's layers). The one loader of the CLI and the benchmark scripts."""
+    drafter = DFlashDrafter.from_pretrained(draft)
+    model, tok = load_hf_target(target_path)
     drafter = _with_mask(drafter, tok)
-    target = HFTarget(model, drafter.cfg.target_layer_ids)
+    return drafter, model, tok, HFTarget(model, drafter.cfg.target_layer_ids)
+
+
+def build(args: argparse.Namespace) -> Setup:
+    drafter, model, tok, target = load_pair(args.draft, args.target)
     block = args.block_size or drafter.cfg.block_size
     if block > drafter.cfg.block_size:
         print(f"warning: --block-size {block} exceeds the drafter's trained block_size "

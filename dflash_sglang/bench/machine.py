@@ -77,3 +77,16 @@ def describe_machine() -> dict[str, Any]:
         "git_commit": _git("rev-parse", "HEAD"),
         "git_dirty": bool(status) if status is not None else None,
     }
+
+
+def finish_result(result: dict[str, Any], args: Any, out: str | None) -> None:
+    """A benchmark script's last step: add its arguments and this machine's description, print the
+    result without them (one JSON), and write it all to ``out`` (if given)."""
+    import json
+    from pathlib import Path
+
+    full = {**result, "args": vars(args), "machine": describe_machine()}
+    print(json.dumps(result, indent=1))
+    if out:
+        Path(out).parent.mkdir(parents=True, exist_ok=True)
+        Path(out).write_text(json.dumps(full, indent=1) + "\n")

@@ -18,7 +18,7 @@ what is committed, so a wrong prediction costs a wasted pre-draft, never correct
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -165,13 +165,13 @@ class PreDraftStats:
 
     fanout: int
     steps: int = 0  # request-steps that were verified with a drafted block
-    hit_rank: list[int] = None  # type: ignore[assignment]  # [F]: steps whose outcome was guess f
+    hit_rank: list[int] = field(default_factory=list)  # [F]: steps whose outcome was guess f
     predrafted_steps: int = 0  # steps whose block was a pre-draft (the previous step hit)
     predrafted_committed: int = 0  # tokens those steps committed
     normal_committed: int = 0  # tokens the other steps committed
 
     def __post_init__(self) -> None:
-        if self.hit_rank is None:
+        if not self.hit_rank:
             self.hit_rank = [0] * self.fanout
 
     def hit_rate(self, f: int) -> float:

@@ -32,6 +32,7 @@ from ..core.draft_head import load_draft_vocab
 from ..core.grammar import BlockGrammar, BlockMasks
 from ..core.host_reads import count_host_reads
 from ..core.sampling import probs_from_logits, sample_from_probs
+from ..core.streams import StreamPlan
 from ..core.verify import verify
 from ..settings import settings
 from .batch_math import Block, committed_rows, extend_positions, make_block, sampling_from_sglang
@@ -40,7 +41,6 @@ from .history import CommittedHistory
 from .kernel_choice import choose_kernels
 from .logit_adjust import adjust_block_logits, needs_adjustment, needs_history
 from .sglang_drafter import DFlashDraftModel
-from .streams import StreamPlan
 
 logger = logging.getLogger(__name__)
 ADAPTIVE_LOG = "dflash-sglang: adaptive block"  # + "<block> for batch bucket <bucket>", per switch

@@ -162,7 +162,7 @@ def test_launch_time_pair_check(tmp_path) -> None:
 
 
 def test_stream_plan_is_inline_off_cuda() -> None:
-    from dflash_sglang.glue.streams import StreamPlan
+    from dflash_sglang.core.streams import StreamPlan
 
     plan = StreamPlan.for_device("cpu")
     assert plan.kind == "inline" and plan.stream is None

@@ -113,7 +113,7 @@ def run_generate(args: argparse.Namespace) -> int:
         base, base_time = _baseline(s, ids, args)
     stats = summarize(prompts, spec, spec_time, base, base_time, s.engine.cfg.block_size, args)
     if s.engine.predrafter is not None:
-        stats["predraft"] = {**s.engine.predrafter.stats.to_dict(), "thread": args.predraft_thread}
+        stats["predraft"] = {**s.engine.predrafter.stats.to_dict(), "where": s.engine.predrafter.where}
     if not args.json:
         for p, r in zip(prompts[:3], spec, strict=False):
             print(f"--- {p.text[:70]!r}\n{s.tokenizer.decode(r.output_ids)}\n")

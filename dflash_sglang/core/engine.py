@@ -24,6 +24,7 @@ from .draft_head import DraftHead
 from .drafter import ContextKV, DFlashDrafter
 from .predraft import Calibration, DraftBelief, PreDrafts, PreDraftStats, predict_outcomes, predraft_block
 from .sampling import SamplingConfig, probs_from_logits, sample_from_probs
+from .streams import StreamPlan
 from .target import HFTarget, TargetOutput, left_pad
 from .verify import VerifyResult, verify
 
@@ -43,7 +44,9 @@ class EngineConfig:
     draft_head_dtype: torch.dtype | None = None
     # F > 0: pre-draft block n+1 for the F likeliest outcomes of verify(n) (issue #20; PreDrafter)
     predraft_fanout: int = 0
-    predraft_thread: bool = False  # run that pre-draft on a second thread while the target verifies
+    # CPU: run that pre-draft on a second thread while the target verifies (on CUDA it always runs on
+    # the drafter's side stream, event-ordered: PreDrafter)
+    predraft_thread: bool = False
 
     def __post_init__(self) -> None:
         if self.block_size < 1:
@@ -206,17 +209,29 @@ class PreDrafter:
     """Issue #20 in the reference engine: while the target verifies block n, draft block n+1 for the F
     likeliest outcomes of that verify (core.predraft), in one batched drafter pass; on a hit the next
     step uses that pre-draft instead of drafting. Verification is unchanged, so output is lossless
-    either way (a sampled pre-draft is drawn from, and verified against, its own q)."""
+    either way (a sampled pre-draft is drawn from, and verified against, its own q).
+
+    Where the pre-draft runs is chosen once here (``where``): "cuda-stream" on a CUDA target (the
+    drafter's side stream, ordered after block n's drafts by an event, concurrent with verify(n)),
+    "thread" on CPU with ``predraft_thread``, else "inline" (before verify, sequentially)."""
 
     def __init__(self, engine: ReferenceEngine, fanout: int, calibration: Calibration) -> None:
         self.engine, self.fanout, self.calibration = engine, fanout, calibration
         self.stats = PreDraftStats(fanout)
-        self._pool = ThreadPoolExecutor(1) if engine.cfg.predraft_thread else None
+        self.streams = StreamPlan.for_device(engine.target.device)
+        self.where = "cuda-stream" if self.streams.stream is not None else \
+            "thread" if engine.cfg.predraft_thread else "inline"
+        self._pool = ThreadPoolExecutor(1) if self.where == "thread" else None
 
     def start(self, b: _Batch, block: torch.Tensor, draft_probs: torch.Tensor | None, logits: torch.Tensor,
-              generator: torch.Generator | None) -> Future[PreDrafts]:
-        """Begin the pre-draft of block n+1 (on the second thread when configured). A threaded sampled
-        pre-draft draws from its own generator: a torch.Generator is not shared across threads."""
+              generator: torch.Generator | None) -> Future[PreDrafts] | _OnSideStream:
+        """Begin the pre-draft of block n+1; call it once block n's drafts are enqueued and before the
+        target's verify(n) is. A threaded sampled pre-draft draws from its own generator: a
+        torch.Generator is not shared across threads."""
+        if self.where == "cuda-stream":
+            with self.streams.side(self.streams.mark()):
+                pre = self.run(b, block, draft_probs, logits, generator)
+            return _OnSideStream(self.streams, pre)
         if self._pool is None:
             done: Future[PreDrafts] = Future()
             done.set_result(self.run(b, block, draft_probs, logits, generator))
@@ -259,6 +274,20 @@ class PreDrafter:
         st.predrafted_committed += int(res.num_committed[was_pre].sum())
         st.normal_committed += int(res.num_committed[~was_pre].sum())
         b.reuse, b.reuse_hit = pre, hit
+
+
+@dataclass
+class _OnSideStream:
+    """A pre-draft enqueued on the side stream; ``result()`` orders the main stream after it."""
+
+    streams: StreamPlan
+    pre: PreDrafts
+
+    def result(self) -> PreDrafts:
+        p = self.pre
+        self.streams.join([t for t in (p.tokens, p.logits, p.rows_q, p.guess.accept_len, p.guess.bonus,
+                                       p.guess.prob) if t is not None])
+        return p
 
 
 def ctx_rows(ctx: ContextKV, rows: torch.Tensor) -> ContextKV:

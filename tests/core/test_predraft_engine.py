@@ -3,6 +3,7 @@ output stays lossless with it on (greedy ids against the target's own; the sampl
 
 from __future__ import annotations
 
+import copy
 from pathlib import Path
 
 import pytest
@@ -73,18 +74,25 @@ def shipped_drafter() -> DFlashDrafter:
     return DFlashDrafter.from_pretrained(SHIPPED)
 
 
-@pytest.mark.parametrize("threaded", [False, True])
-def test_greedy_with_predraft_is_the_targets_output(smollm2, spec_bench_ids, shipped_drafter,
-                                                    threaded) -> None:
+@pytest.mark.parametrize("where", ["inline", "thread", "cuda-stream"])
+def test_greedy_with_predraft_is_the_targets_output(smollm2, spec_bench_ids, shipped_drafter, where) -> None:
     """The shipped drafter guesses verify's outcome often enough that some blocks are pre-drafts;
-    output equals plain greedy decoding, on one thread or with the pre-draft on a second."""
+    output equals plain greedy decoding, with the pre-draft inline, on a second thread, or (CUDA only)
+    on the drafter's side stream concurrently with the verify."""
     model, _ = smollm2
-    target = HFTarget(model, shipped_drafter.cfg.target_layer_ids)
+    drafter = shipped_drafter
+    if where == "cuda-stream":
+        if not torch.cuda.is_available():
+            pytest.skip("needs CUDA: the side-stream pre-draft")
+        model, drafter = copy.deepcopy(model).cuda(), copy.deepcopy(drafter).cuda()
+    target = HFTarget(model, drafter.cfg.target_layer_ids)
     prompts = spec_bench_ids[:3]
-    want = autoregressive_generate(target, prompts, 40, EOS, SamplingConfig.uniform(3))
-    eng = ReferenceEngine(target, shipped_drafter, EngineConfig(16, 40, EOS, predraft_fanout=8,
-                                                                predraft_thread=threaded))
-    got = [r.output_ids for r in eng.generate(prompts, SamplingConfig.uniform(3))]
+    sampling = SamplingConfig.uniform(3, device=target.device)
+    want = autoregressive_generate(target, prompts, 40, EOS, sampling)
+    eng = ReferenceEngine(target, drafter, EngineConfig(16, 40, EOS, predraft_fanout=8,
+                                                        predraft_thread=where == "thread"))
+    assert eng.predrafter is not None and eng.predrafter.where == where
+    got = [r.output_ids for r in eng.generate(prompts, sampling)]
     assert got == want
     st = eng.predrafter.stats
     assert st.predrafted_steps > 0 and st.hit_rate(8) > 0.05, st.to_dict()

@@ -101,23 +101,29 @@ def test_greedy_with_predraft_is_the_targets_output(smollm2, spec_bench_ids, shi
 V, N, PROMPT = 10, 6000, [1, 2, 3]
 
 
-def test_sampling_with_predraft_keeps_the_target_law() -> None:
+@pytest.mark.parametrize("device", ["cpu", "cuda"])
+def test_sampling_with_predraft_keeps_the_target_law(device: str) -> None:
     """Tiny random target (10 tokens): pre-drafted blocks are drafted from, and verified against, their
-    own q, so the law of 4 sampled tokens is the target's (chi-square against the enumerated law)."""
+    own q, so the law of 4 sampled tokens is the target's (chi-square against the enumerated law). On
+    CUDA the pre-draft runs on the drafter's side stream, concurrently with the verify."""
+    if device == "cuda" and not torch.cuda.is_available():
+        pytest.skip("needs CUDA: the side-stream pre-draft")
     torch.manual_seed(0)
     cfg = LlamaConfig(vocab_size=V, hidden_size=32, intermediate_size=64, num_hidden_layers=4,
                       num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
                       initializer_range=0.4, tie_word_embeddings=True)
     model = LlamaForCausalLM(cfg).eval()
     drafter = random_drafter(drafter_config_for(cfg, num_layers=1, block_size=3, mask_token_id=0), std=0.4)
-    eng = ReferenceEngine(HFTarget(model, drafter.cfg.target_layer_ids), drafter,
-                          EngineConfig(block_size=3, max_new_tokens=4, predraft_fanout=8))
-    sampling = SamplingConfig.uniform(N, 1.0)
-    res = eng.generate([PROMPT] * N, sampling, torch.Generator().manual_seed(3))
+    eng = ReferenceEngine(HFTarget(copy.deepcopy(model).to(device), drafter.cfg.target_layer_ids),
+                          drafter.to(device), EngineConfig(block_size=3, max_new_tokens=4, predraft_fanout=8))
+    where = "cuda-stream" if device == "cuda" else "inline"
+    assert eng.predrafter is not None and eng.predrafter.where == where
+    sampling = SamplingConfig.uniform(N, 1.0, device=device)
+    res = eng.generate([PROMPT] * N, sampling, torch.Generator(device).manual_seed(3))
     samples = [tuple(r.output_ids) for r in res]
     st = eng.predrafter.stats
     assert st.predrafted_steps > N // 4, st.to_dict()  # the reuse path really ran
-    law = exact_law(model, sampling, 4)
+    law = exact_law(model, SamplingConfig.uniform(N, 1.0), 4)
     for idx in [(1,), (2,), (3,), (1, 2), (2, 3)]:
         p = chi2_pvalue([tuple(s[i] for i in idx) for s in samples], marginal(law, idx))
         assert p > 1e-3, f"tokens {idx} deviate from the target law with pre-drafting (p={p:.2e})"

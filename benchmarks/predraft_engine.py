@@ -34,13 +34,12 @@ GPU_CHECK_SHAPES = {"hidden": 4096, "q": 32 * 128, "kv": 8 * 128, "inter": 12288
                     "draft_layers": 5, "taps": 5, "vocab": 151936}
 
 
-def weight_stream_r(s: dict[str, int], draft_vocab: int | None = None) -> float:
+def weight_stream_r(s: dict[str, int]) -> float:
     """Weights one draft pass reads over those one verify pass reads (both read the LM head rows they
     score; the drafter also its fc): the draft / verify time ratio of bandwidth-bound decoding."""
     layer = s["hidden"] * (2 * s["q"] + 2 * s["kv"]) + 3 * s["hidden"] * s["inter"]
     target = s["target_layers"] * layer + s["vocab"] * s["hidden"]
-    head = (draft_vocab or s["vocab"]) * s["hidden"]
-    draft = s["draft_layers"] * layer + s["taps"] * s["hidden"] ** 2 + head
+    draft = s["draft_layers"] * layer + s["taps"] * s["hidden"] ** 2 + s["vocab"] * s["hidden"]
     return draft / target
 
 

@@ -4,11 +4,11 @@ Two uses, the same object:
 - The SGLang worker drafts block n under ``with plan.draft(): ...`` then ``plan.join()`` before the
   target consumes the drafts. Today the verify reads those drafts at once, so the side stream orders
   the draft after the previous target pass but overlaps nothing (docs/gpu_path.md section 2).
-- The reference engine's pre-draft (issue #20) is event-ordered: ``ready = plan.mark()`` on the main
-  stream once block n's drafts exist, the target's verify(n) is enqueued, then
-  ``with plan.side(ready): ...`` enqueues the pre-draft of block n+1 on the side stream, which waits
-  for ``ready`` only (not for the verify), so the two run concurrently; ``plan.join(outputs)`` makes
-  the main stream wait for the side stream's work before it reads them.
+- The reference engine's pre-draft (issue #20) is event-ordered: once block n's drafts are enqueued,
+  ``with plan.side(plan.mark()): ...`` enqueues the pre-draft of block n+1 on the side stream, which
+  waits for that event only; the target's verify(n), enqueued on the main stream after it, runs
+  concurrently; ``plan.join(outputs)`` makes the main stream wait for the side stream's work before
+  it reads the outputs.
 On CPU every method is a no-op and the code inside runs inline.
 """
 
@@ -35,14 +35,10 @@ class StreamPlan:
 
     @contextlib.contextmanager
     def draft(self) -> Iterator[None]:
-        """Side-stream work ordered after everything enqueued on the main stream so far."""
-        if self.stream is None:
+        """Side-stream work ordered after everything enqueued on the main stream so far (the drafter
+        reads KV the previous target pass wrote)."""
+        with self.side(self.mark()):
             yield
-            return
-        self.stream.wait_stream(torch.cuda.current_stream())  # reads KV the previous target pass wrote
-        with torch.cuda.stream(self.stream):
-            yield
-            self.done.record(self.stream)
 
     def mark(self) -> object | None:
         """An event on the main stream now (None inline): what later side work may wait for."""

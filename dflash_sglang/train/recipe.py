@@ -23,7 +23,7 @@ from torch import nn
 
 from ..core.draft_head import DraftHead
 from ..core.drafter import DFlashDrafter
-from ..core.layers import masked_attention
+from .block_attention import block_attention
 from .fused_ce import fused_weighted_ce
 from .teacher import TopLayersTeacher
 
@@ -44,11 +44,10 @@ def loss_weights(block_size: int, gamma: float) -> torch.Tensor:
 @dataclass(frozen=True)
 class BlockBatch:
     taps: torch.Tensor  # [S, L, T*H] context features of positions 0..L-1
-    ctx_valid: torch.Tensor  # [S, L] bool
     block_ids: torch.Tensor  # [S, K*(B+j)] anchor token, j known tokens, then B-1 mask tokens
     block_pos: torch.Tensor  # [S, K*(B+j)] absolute positions
     labels: torch.Tensor  # [S, K, B-1] next tokens; IGNORE past the sequence end / padding blocks
-    mask: torch.Tensor  # [S, 1, K*(B+j), L + K*(B+j)] bool attention visibility
+    ctx_len: torch.Tensor  # [S, K] block j sees context positions < ctx_len (its anchor; 0: padding block)
 
     def to(self, device: torch.device | str) -> BlockBatch:
         return BlockBatch(*(getattr(self, f).to(device) for f in self.__dataclass_fields__))
@@ -102,7 +101,6 @@ def build_batch(ids: list[torch.Tensor], anchors: list[torch.Tensor], taps: list
     s, length = len(ids), max(t.shape[0] for t in taps)
     nb = block_size + known  # tokens per block
     feat = torch.zeros(s, length, taps[0].shape[-1], dtype=torch.float32)
-    ctx_valid = torch.zeros(s, length, dtype=torch.bool)
     anchor = torch.zeros(s, blocks, dtype=torch.long)
     a_valid = torch.zeros(s, blocks, dtype=torch.bool)
     labels = torch.full((s, blocks, block_size - 1), IGNORE, dtype=torch.long)
@@ -110,7 +108,6 @@ def build_batch(ids: list[torch.Tensor], anchors: list[torch.Tensor], taps: list
     offs = torch.arange(nb)
     for i, (seq, anc, tp) in enumerate(zip(ids, anchors, taps, strict=True)):
         feat[i, : tp.shape[0]] = tp.float()
-        ctx_valid[i, : tp.shape[0]] = True
         m = anc.shape[0]
         anchor[i, :m], a_valid[i, :m] = anc, True
         last = seq.shape[0] - 1
@@ -118,20 +115,8 @@ def build_batch(ids: list[torch.Tensor], anchors: list[torch.Tensor], taps: list
         tgt = anc[:, None] + offs[None, known + 1:]  # [m, B-1]
         labels[i, :m] = torch.where(tgt <= last, seq[tgt.clamp_max(last)], IGNORE)
     block_pos = (anchor[:, :, None] + offs).reshape(s, blocks * nb)
-    return BlockBatch(feat, ctx_valid, block_ids.reshape(s, -1), block_pos, labels,
-                      block_mask(anchor, a_valid, ctx_valid, nb))
-
-
-def block_mask(anchor: torch.Tensor, a_valid: torch.Tensor, ctx_valid: torch.Tensor, nb: int) -> torch.Tensor:
-    """anchor/a_valid [S, K], ctx_valid [S, L] -> [S, 1, K*B, L + K*B]: context < anchor + own block."""
-    s, k = anchor.shape
-    q_anchor = anchor.repeat_interleave(nb, dim=1)  # [S, K*B]
-    ctx_pos = torch.arange(ctx_valid.shape[1])
-    to_ctx = (ctx_pos[None, None] < q_anchor[:, :, None]) & ctx_valid[:, None]  # [S, K*B, L]
-    to_ctx &= a_valid.repeat_interleave(nb, dim=1)[:, :, None]
-    blk = torch.arange(k).repeat_interleave(nb)
-    to_blk = (blk[:, None] == blk[None, :]).expand(s, -1, -1)  # [S, K*B, K*B]
-    return torch.cat([to_ctx, to_blk], dim=2)[:, None]
+    # anchors <= n - 2 < the n - 1 tap rows: every context position below an anchor holds real features
+    return BlockBatch(feat, block_ids.reshape(s, -1), block_pos, labels, anchor * a_valid)
 
 
 @dataclass(frozen=True)
@@ -173,15 +158,14 @@ class BlockLoss(nn.Module):
         self.weights = loss_weights(drafter.cfg.block_size, gamma)
 
     def hidden(self, b: BlockBatch) -> torch.Tensor:
-        """-> final-normed drafter hidden states [S, K*B, H] (the core layer loop; the attention sees
-        every block's context keys and its own block through ``b.mask``)."""
+        """-> final-normed drafter hidden states [S, K*B, H] (the core layer loop; each block's queries
+        see the context below their anchor and their own block, train.block_attention)."""
         d = self.drafter
         pos = torch.arange(b.taps.shape[1], device=b.taps.device).expand(b.taps.shape[:2])
         ctx_k, ctx_v = d.context_kv(b.taps, pos)
 
         def attend(i: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-            return masked_attention(q, torch.cat([ctx_k[i], k], dim=1), torch.cat([ctx_v[i], v], dim=1),
-                                    b.mask, d.layers[i].self_attn.scale)
+            return block_attention(q, ctx_k[i], ctx_v[i], k, v, b.ctx_len, d.layers[i].self_attn.scale)
 
         return d.run_layers(F.embedding(b.block_ids, self.embed_weight), b.block_pos, attend)
 

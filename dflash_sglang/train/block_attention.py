@@ -3,7 +3,7 @@
 A training batch packs K blocks of ``nb`` tokens per sequence. Block j's queries see the context keys
 of positions < ``ctx_len[j]`` (its anchor; 0 for a padding block) and the nb keys of their own block,
 never another block's. A dense mask over ``[context ; all K blocks]`` keys scores all of them: at K = 32,
-nb = 16 and a 380-token context 57% of those scores are masked block-to-block pairs, and the masked
+nb = 16 and a 380-token context 56% of those scores are masked block-to-block pairs, and the masked
 context tail (positions >= the anchor) is on average half of the rest. The CPU SDPA kernel pays for
 every masked score, and a single unchunked softmax over [S, h, K*nb, L + K*nb] streams tens of MB per
 pass. Here each sequence's blocks go in chunks of ``chunk`` blocks (anchors sorted, as

@@ -98,7 +98,7 @@ def roofline(a: argparse.Namespace, s_per_step: float) -> dict:
     from dflash_sglang.train.loop import Dist, TrainConfig, batch_indices
 
     torch.set_num_threads(a.threads)
-    lens = [len(x.ids) for x in DistillStore.open(a.store).training_samples((1, 8, 14, 20, 27))[:128]]
+    lens = [len(x.ids) for x in DistillStore.open(a.store).samples()[:128]]  # train's --num-prompts 128
     cfg = TrainConfig(out="-", batch_size=a.batch_size)
     ctx = statistics.mean(max(lens[i] for i in batch_indices(st, len(lens), cfg, Dist())) - 1
                           for st in range(a.steps))
@@ -118,8 +118,9 @@ def roofline(a: argparse.Namespace, s_per_step: float) -> dict:
     return {"mean_context_len": round(ctx, 1), "gflop_per_step": parts, "gflop_total": round(total, 1),
             "gemm_gflop_per_s": round(rate, 1), "achieved_gflop_per_s": round(total / s_per_step, 1),
             "floor_s_per_step": round(floor, 3), "ceiling_blocks_per_s": round(blocks / floor, 1),
-            "note": "analytic matmul FLOPs (step_gflop) over the measured bf16 GEMM rate at the MLP's "
-                    "shape: the step cannot run faster than floor_s_per_step without doing less work"}
+            "gemm_dtype": str(dtype).removeprefix("torch."),
+            "note": "analytic matmul FLOPs (step_gflop) over the measured GEMM rate (gemm_dtype) at the "
+                    "MLP's shape: the step cannot run faster than floor_s_per_step without doing less work"}
 
 
 if __name__ == "__main__":

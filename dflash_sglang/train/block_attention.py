@@ -7,13 +7,17 @@ nb = 16 and a 380-token context 56% of those scores are masked block-to-block pa
 context tail (positions >= the anchor) is on average half of the rest. The CPU SDPA kernel pays for
 every masked score, and a single unchunked softmax over [S, h, K*nb, L + K*nb] streams tens of MB per
 pass. Here each sequence's blocks go in chunks of ``chunk`` blocks (anchors sorted, as
-``recipe.sample_anchors`` draws them), each chunk against the context up to its largest anchor, and
-the two visible parts share one softmax:
+``recipe.sample_anchors`` draws them, keep a chunk's context spans close). A chunk's queries score
+the context up to the chunk's largest ctx_len plus the chunk's own c*nb block keys, in one matmul and
+one fp32 softmax, with an additive bias that hides context past each block's ctx_len and the chunk's
+other blocks:
 
-    scores_ctx [kvh, g, c, nb, Lc]   = q . ctx_k[:Lc]      (masked past each block's ctx_len)
-    scores_blk [kvh, g, c, nb, nb]   = q . own block's k
-    p = softmax(scale * cat(scores_ctx, scores_blk))        (fp32)
-    out = p_ctx . ctx_v[:Lc] + p_blk . own block's v
+    keys  = [ctx_k[:Lc] ; the chunk's block k]           [kvh, Lc + c*nb, d]
+    p     = softmax(scale * q . keys + bias)              [kvh, g, c*nb, Lc + c*nb]   (fp32)
+    out   = p . [ctx_v[:Lc] ; the chunk's block v]
+
+Block-to-block scores are computed for the chunk's c*nb x c*nb tile only (128 x 128 at c = 8; its
+off-diagonal part in vain), not for the dense mask's K*nb x K*nb.
 
 Grouped-query heads are handled by viewing the g = h / kvh query heads of a KV head as extra rows, so
 keys and values are never repeated. The result equals ``core.layers.masked_attention`` over the dense
@@ -24,7 +28,7 @@ from __future__ import annotations
 
 import torch
 
-DEFAULT_CHUNK = 8  # blocks per chunk: 8 x 16 queries x 9 heads x ~600 keys is ~2.8 MB of fp32 scores
+DEFAULT_CHUNK = 8  # blocks per chunk: 128 queries x 9 heads x (~600 + 128) keys is ~3.4 MB of fp32 scores
 
 
 def block_attention(q: torch.Tensor, ctx_k: torch.Tensor, ctx_v: torch.Tensor, k: torch.Tensor,

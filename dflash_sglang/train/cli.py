@@ -104,6 +104,8 @@ def run_train(a: argparse.Namespace) -> int:
     from ..core.target import HFTarget, load_hf_target
     from ..prompts import chat_ids, eos_token_ids
 
+    if a.prompt_anchors and not a.store:
+        raise SystemExit("--prompt-anchors labels prompts of a distill store: give --store")
     if a.threads:
         torch.set_num_threads(a.threads)
     d = init_distributed(a.device)
@@ -168,6 +170,8 @@ def _store_data(a: argparse.Namespace, target: typing.Any, tokenize: typing.Any,
     filled = store.fill_taps(target, log=lambda m: _log(main, m))
     if filled:
         _log(main, f"taps: {filled} shards rebuilt from the stored ids by batched prefill")
+    if a.prompt_anchors and store.fill_prompt_greedy(target, log=lambda m: _log(main, m)):
+        _log(main, "prompt labels: the target's greedy tokens after every prompt prefix, by batched prefill")
     samples = store.training_samples(target.tap_layer_ids)
     if a.num_prompts:
         samples = samples[: a.num_prompts]

@@ -26,6 +26,7 @@ class Sample:
     ids: torch.Tensor  # [n] long: prompt + answer
     prompt_len: int
     taps: torch.Tensor | None  # [n - 1, T*H] bf16 tap features of ids[:-1]; None = compute online
+    greedy: torch.Tensor | None = None  # [prompt_len] target's greedy next token after each prompt prefix
 
 
 @dataclass(frozen=True)

@@ -18,7 +18,11 @@ features are a local cache beside them (5.8 KB per token for SmolLM2's five taps
                                          (the last id of each row has none: zeros)
 
 written by the distill run that computed them anyway, or rebuilt from the ids by :meth:`fill_taps`
-(one batched prefill per group of rows, no decode loop).
+(one batched prefill per group of rows, no decode loop). Labels for blocks anchored in the prompts
+(``train --prompt-anchors``, see ``train.prompt_labels``) are small and committed beside the shards::
+
+    shard_00000.greedy.npy   [sum of prompt_len] ids: per row, the target's greedy next token after
+                             each prefix of its prompt, rows concatenated in shard order
 """
 
 from __future__ import annotations
@@ -37,6 +41,7 @@ import torch
 
 from ..core.target import HFTarget
 from .data import Sample, online_taps
+from .prompt_labels import prompt_greedy
 
 STORE_FORMAT = 1
 SHARD = re.compile(r"^shard_(\d{5})\.npz$")
@@ -164,9 +169,39 @@ class DistillStore:
                 log(f"taps: {shard.name} ({len(rows)} rows) filled")
         return filled
 
+    # ------------------------------------------------------------------------ prompt labels
+    @staticmethod
+    def greedy_path(shard: Path) -> Path:
+        return shard.with_name(shard.stem + ".greedy.npy")
+
+    def fill_prompt_greedy(self, target: HFTarget, log=None) -> int:
+        """Writes the missing ``shard_*.greedy.npy`` files (one batched prefill of the prompts, fp32
+        as the target is loaded) -> number of shards filled. A row whose greedy token after the whole
+        prompt is not its stored first answer token is counted in the log (batched-numerics ties)."""
+        filled = 0
+        for shard in self.shard_paths():
+            path = self.greedy_path(shard)
+            if path.is_file():
+                continue
+            rows = read_shard(shard)
+            greedy = prompt_greedy(target, [r.ids[: r.prompt_len] for r in rows])
+            off = sum(int(g[-1] != r.ids[r.prompt_len]) for g, r in zip(greedy, rows, strict=True)
+                      if r.prompt_len < len(r.ids))
+            flat = np.concatenate(greedy).astype(self.id_dtype)
+            tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+            with open(tmp, "wb") as f:
+                np.save(f, flat)
+            tmp.replace(path)
+            filled += 1
+            if log:
+                log(f"prompt labels: {shard.name} ({len(rows)} rows, {len(flat)} prompt tokens; "
+                    f"{off} rows whose greedy first answer token differs from the stored one)")
+        return filled
+
     def training_samples(self, layers: Sequence[int]) -> list[Sample]:
         """Every stored row as a training sample whose taps are views into the memory-mapped tap files
-        (bf16 [total_len - 1, T*H]); raises when a shard has no tap file (see :meth:`fill_taps`)."""
+        (bf16 [total_len - 1, T*H]); raises when a shard has no tap file (see :meth:`fill_taps`). Rows
+        of shards with a greedy file carry their prompt labels (``Sample.greedy``)."""
         out: list[Sample] = []
         for shard in self.shard_paths():
             path = self.taps_path(shard, layers)
@@ -176,9 +211,16 @@ class DistillStore:
                 warnings.simplefilter("ignore", UserWarning)
                 taps = torch.from_numpy(np.load(path, mmap_mode="r")).view(torch.bfloat16)
             z = _load(shard)
+            gpath = self.greedy_path(shard)
+            greedy = np.load(gpath) if gpath.is_file() else None
+            if greedy is not None and len(greedy) != int(z["prompt_len"].sum()):
+                raise ValueError(f"{gpath}: {len(greedy)} labels for {int(z['prompt_len'].sum())} prompt ids")
+            g_off = 0
             for o, t, p in zip(z["offset"], z["total_len"], z["prompt_len"], strict=True):
                 ids = torch.from_numpy(z["ids"][o: o + t].astype(np.int64))
-                out.append(Sample(ids, int(p), taps[o: o + t - 1]))
+                g = None if greedy is None else torch.from_numpy(greedy[g_off: g_off + p].astype(np.int64))
+                g_off += int(p)
+                out.append(Sample(ids, int(p), taps[o: o + t - 1], g))
         return out
 
     def append(self, rows: Sequence[tuple[Sequence[int], int, int, int]]) -> Path:

@@ -28,6 +28,7 @@ from ..core.sampling import SamplingConfig
 from ..core.target import HFTarget
 from .data import Sample, online_taps
 from .precondition import is_preconditioned, precondition, published, tap_scales
+from .prompt_labels import greedy_labels
 from .recipe import BlockLoss, build_batch, default_gamma, expected_accept, fresh_positions, sample_anchors
 from .teacher import TopLayersTeacher
 
@@ -84,9 +85,18 @@ class TrainConfig:
                                       "without target features, as when block n+1 is drafted before "
                                       "verify(n); the checkpoint format is unchanged")
     predraft_known: int = _opt(2, "most known tokens after the anchor in a pre-draft block")
+    prompt_anchors: float = _opt(0.0, "share of each sequence's blocks anchored inside its prompt, "
+                                      "labelled by the target's greedy next tokens from one prefill for "
+                                      "as long as the prompt text follows them (train.prompt_labels; "
+                                      "--store only: rows whose shard has prompt labels)")
     resume: bool = True
     stop_at: int | None = None  # stop (and checkpoint) after this step, as if interrupted
     show_progress: bool = True
+
+    def __post_init__(self) -> None:
+        for name in ("soft_labels", "predraft_share", "prompt_anchors"):
+            if not 0.0 <= getattr(self, name) <= 1.0:
+                raise ValueError(f"--{name.replace('_', '-')} {getattr(self, name)} is a share: give 0 .. 1")
 
 
 @dataclass
@@ -273,14 +283,16 @@ def _train_step(cfg: TrainConfig, model: torch.nn.Module, module: BlockLoss, opt
     gen = step_generator(cfg, step, d)
     picked = [samples[i] for i in batch_indices(step, len(samples), cfg, d)]
     anchors = [sample_anchors(s.prompt_len, len(s.ids), cfg.blocks_per_seq, gen,
-                              fresh_positions(s.ids, FRESH_WINDOW) if cfg.anchors == "fresh" else None)
+                              fresh_positions(s.ids, FRESH_WINDOW) if cfg.anchors == "fresh" else None,
+                              cfg.prompt_anchors if s.greedy is not None else 0.0)
                for s in picked]
+    paths = [greedy_labels(s.ids, s.prompt_len, s.greedy) for s in picked] if cfg.prompt_anchors else None
     taps = [s.taps for s in picked]
     if any(t is None for t in taps):
         taps = [t.cpu() for t in online_taps(target, picked)]
     cfgd = module.drafter.cfg
     batch = build_batch([s.ids for s in picked], anchors, taps, cfgd.block_size, cfg.blocks_per_seq,
-                        int(cfgd.mask_token_id), known=step_known(cfg, step)
+                        int(cfgd.mask_token_id), known=step_known(cfg, step), paths=paths
                         ).to(next(module.parameters()).device)
     with step_autocast(cfg, str(batch.taps.device)):
         out = model(batch)

@@ -66,17 +66,25 @@ class BlockBatch:
 
 
 def sample_anchors(prompt_len: int, n: int, k: int, gen: torch.Generator,
-                   allowed: torch.Tensor | None = None) -> torch.Tensor:
-    """Up to k distinct anchors among response positions prompt_len .. n-2 (each has a next token);
-    ``allowed`` [n] bool, if given, further restricts them (see :func:`fresh_positions`)."""
-    lo, hi = prompt_len, n - 1
+                   allowed: torch.Tensor | None = None, prompt_share: float = 0.0) -> torch.Tensor:
+    """Up to k distinct sorted anchors among response positions prompt_len .. n-2 (each has a next
+    token); ``allowed`` [n] bool, if given, further restricts them (see :func:`fresh_positions`).
+    ``prompt_share``: round(share * k) of them among prompt positions 1 .. prompt_len - 1 instead
+    (blocks labelled by the target's greedy tokens, train.prompt_labels), the rest in the response.
+    With share 0 the draws are those of the response-only sampler."""
+    kp = round(prompt_share * k)
+    head = _pick(1, prompt_len, kp, gen, allowed) if kp else torch.zeros(0, dtype=torch.long)
+    return torch.cat([head, _pick(prompt_len, n - 1, k - head.numel(), gen, allowed)]).sort().values
+
+
+def _pick(lo: int, hi: int, k: int, gen: torch.Generator, allowed: torch.Tensor | None) -> torch.Tensor:
+    """Up to k distinct positions of lo .. hi - 1 (where ``allowed``), unsorted."""
     if hi <= lo:
         return torch.zeros(0, dtype=torch.long)
     cand = torch.arange(lo, hi)
     if allowed is not None:
         cand = cand[allowed[lo:hi]]
-    pick = torch.randperm(cand.numel(), generator=gen)[:k]
-    return cand[pick].sort().values
+    return cand[torch.randperm(cand.numel(), generator=gen)[:k]]
 
 
 def fresh_positions(ids: torch.Tensor, window: int) -> torch.Tensor:
@@ -95,9 +103,13 @@ def fresh_positions(ids: torch.Tensor, window: int) -> torch.Tensor:
 
 
 def build_batch(ids: list[torch.Tensor], anchors: list[torch.Tensor], taps: list[torch.Tensor],
-                block_size: int, blocks: int, mask_id: int, known: int = 0) -> BlockBatch:
+                block_size: int, blocks: int, mask_id: int, known: int = 0,
+                paths: list[tuple[torch.Tensor, torch.Tensor]] | None = None) -> BlockBatch:
     """ids: per sequence [n]; anchors: per sequence [<= blocks]; taps: per sequence [n-1, T*H];
-    ``known``: j known tokens after each anchor token (pre-draft blocks, see the module docstring)."""
+    ``known``: j known tokens after each anchor token (pre-draft blocks, see the module docstring).
+    ``paths``: per sequence (label [n], on_path [n]) of train.prompt_labels.greedy_labels: the label at
+    q is label[q], valid only while every position between the anchor and q is on the target's greedy
+    path (None: the labels are the ids, all on the path: self-distilled answers)."""
     s, length = len(ids), max(t.shape[0] for t in taps)
     nb = block_size + known  # tokens per block
     feat = torch.zeros(s, length, taps[0].shape[-1], dtype=torch.float32)
@@ -113,7 +125,14 @@ def build_batch(ids: list[torch.Tensor], anchors: list[torch.Tensor], taps: list
         last = seq.shape[0] - 1
         block_ids[i, :m, : known + 1] = seq[(anc[:, None] + offs[None, : known + 1]).clamp_max(last)]
         tgt = anc[:, None] + offs[None, known + 1:]  # [m, B-1]
-        labels[i, :m] = torch.where(tgt <= last, seq[tgt.clamp_max(last)], IGNORE)
+        ok = tgt <= last
+        lab = seq
+        if paths is not None:
+            lab, on = paths[i]
+            span = (anc[:, None] + offs[None, 1:]).clamp_max(last)  # [m, B-1+j]: positions a+1 ..
+            run = torch.cat([torch.ones(m, 1, dtype=torch.long), on[span].long().cumprod(-1)], -1)
+            ok &= run[:, known: known + block_size - 1].bool()  # on the path from a+1 up to q-1
+        labels[i, :m] = torch.where(ok, lab[tgt.clamp_max(last)], IGNORE)
     block_pos = (anchor[:, :, None] + offs).reshape(s, blocks * nb)
     # anchors <= n - 2 < the n - 1 tap rows: every context position below an anchor holds real features
     return BlockBatch(feat, block_ids.reshape(s, -1), block_pos, labels, anchor * a_valid)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -11,6 +12,7 @@ from dflash_sglang.core.random_drafter import drafter_config_for, random_drafter
 from dflash_sglang.core.target import HFTarget
 from dflash_sglang.train.data import GenSettings, Sample, answer_batch
 from dflash_sglang.train.loop import TrainConfig, TrainResult, init_from_target, train
+from dflash_sglang.train.prompt_labels import prompt_greedy
 
 VOCAB, BLOCK, MASK, EOS = 64, 4, 0, 1
 
@@ -45,7 +47,9 @@ def tiny_samples(target: HFTarget, n: int = 8, answer: int = 20) -> list[Sample]
     return answer_batch(target, tiny_prompts(n), s)
 
 
-def tiny_train(out: Path, steps: int, seed: int = 0, n_samples: int = 8, **kw: object) -> TrainResult:
+def tiny_train(out: Path, steps: int, seed: int = 0, n_samples: int = 8, prompt_labels: bool = False,
+               **kw: object) -> TrainResult:
+    """``prompt_labels``: the samples carry the target's greedy tokens after every prompt prefix."""
     torch.set_num_threads(1)
     model = tiny_model()
     target = tiny_target(model)
@@ -53,4 +57,7 @@ def tiny_train(out: Path, steps: int, seed: int = 0, n_samples: int = 8, **kw: o
                       save_dtype="float32")
     cfg = TrainConfig(out=str(out), steps=steps, seed=seed, **{**opts, **kw})
     samples = tiny_samples(target, n_samples)
+    if prompt_labels:
+        greedy = prompt_greedy(target, [s.ids[: s.prompt_len].numpy() for s in samples])
+        samples = [replace(s, greedy=torch.from_numpy(g)) for s, g in zip(samples, greedy, strict=True)]
     return train(cfg, tiny_drafter(model, seed), target, samples, tiny_prompts(2, 9), (EOS,))

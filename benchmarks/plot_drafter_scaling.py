@@ -3,8 +3,10 @@ distinct training tokens, from the ``eval_tau.json`` files the training loop wri
 
     python benchmarks/plot_drafter_scaling.py drafters/smollm2-135m-dflash-b16/training
 
-reads ``stage3_eval_tau.json`` (the full run: 1,024 answers) and ``data<N>_eval_tau.json`` (the same
-recipe on the first N answers), and writes ``scaling.png`` beside them.
+reads ``stage3_eval_tau.json`` (the full run: 1,024 answers), ``data<N>_eval_tau.json`` for the N of
+``ANSWER_TOKENS`` (the same recipe on the first N answers) and the warm-start runs of ``FRESH_RUNS``
+(500 steps with ``--anchors fresh`` on a store grown with fresh text), and writes ``scaling.png``
+beside them.
 """
 
 from __future__ import annotations
@@ -17,10 +19,13 @@ from pathlib import Path
 BLOCKS_PER_STEP = 128
 # answer tokens of the first N rows of data/distill/smollm2-135m (the store's uint16 ids)
 ANSWER_TOKENS = {256: 73_470, 512: 144_960, 1024: 283_336}
+# warm starts (500 steps, --anchors fresh): file stem -> (answers, answer tokens, started from)
+FRESH_RUNS = {"data1664": (1664, 456_773, "stage 3"), "stage4": (1920, 491_482, "stage 3"),
+              "stage5": (2944, 640_778, "stage 4")}
 
 
-def curve(path: Path) -> dict[int, float]:
-    return {int(r["step"]): float(r["heldout_acc_len"]) for r in json.loads(path.read_text())}
+def curve(path: Path, key: str = "heldout_acc_len") -> dict[int, float]:
+    return {int(r["step"]): float(r[key]) for r in json.loads(path.read_text())}
 
 
 def main() -> None:
@@ -33,10 +38,10 @@ def main() -> None:
     import matplotlib.pyplot as plt
 
     full = curve(a.folder / "stage3_eval_tau.json")
-    subsets = {int(re.search(r"data(\d+)_", f.name).group(1)): curve(f)
-               for f in a.folder.glob("data*_eval_tau.json")}
+    subsets = {n: curve(f) for f in a.folder.glob("data*_eval_tau.json")
+               if (n := int(re.search(r"data(\d+)_", f.name).group(1))) in ANSWER_TOKENS}
     subsets[1024] = full
-    fig, (left, right) = plt.subplots(1, 2, figsize=(10, 4))
+    fig, (left, right, fresh) = plt.subplots(1, 3, figsize=(15, 4))
     steps = sorted(full)
     left.plot([s * BLOCKS_PER_STEP / 1000 for s in steps], [full[s] for s in steps], "o-")
     left.set(xlabel="training blocks (thousands)", ylabel="held-out acc_len", title="1,024 answers")
@@ -47,6 +52,16 @@ def main() -> None:
     right.set(xscale="log", xlabel="distinct answer tokens (thousands)", ylabel="held-out acc_len",
               title="same recipe, first N answers")
     right.legend()
+    runs = [(stem, *FRESH_RUNS[stem]) for stem in FRESH_RUNS
+            if (a.folder / f"{stem}_eval_tau.json").is_file()]
+    xs = [tok / 1000 for _, _, tok, _ in runs]
+    ys = [curve(a.folder / f"{stem}_eval_tau.json", "heldout_fresh_acc_len")[500] for stem, *_ in runs]
+    fresh.plot(xs, ys, "o-")
+    for x, y, (_, n, _, start) in zip(xs, ys, runs, strict=True):
+        fresh.annotate(f"{n} answers\n(from {start})", (x, y), textcoords="offset points", xytext=(4, -18),
+                       fontsize=7)
+    fresh.set(xscale="log", xlabel="answer tokens (thousands)", ylabel="held-out fresh-text acc_len",
+              title="warm start + 500 steps, --anchors fresh")
     fig.tight_layout()
     fig.savefig(a.folder / "scaling.png", dpi=110)
     print(a.folder / "scaling.png")

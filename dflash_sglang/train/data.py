@@ -125,6 +125,18 @@ def _unpad(prompts: list[list[int]], answers: torch.Tensor, taps: torch.Tensor, 
     return out
 
 
+def padded_groups(lengths: Sequence[int], max_tokens: int) -> list[list[int]]:
+    """Indices sorted by length, cut into groups whose padded size (rows x longest) stays within
+    ``max_tokens`` (a longer row still gets a group of its own): the batches of a prefill pass."""
+    groups: list[list[int]] = []
+    for i in sorted(range(len(lengths)), key=lambda i: lengths[i]):
+        if groups and (len(groups[-1]) + 1) * lengths[i] <= max_tokens:
+            groups[-1].append(i)
+        else:
+            groups.append([i])
+    return groups
+
+
 @torch.no_grad()
 def online_taps(target: HFTarget, seqs: list[Sample]) -> list[torch.Tensor]:
     """Tap features [n - 1, T*H] of each sequence (right-padded batch; causal, so padding is inert)."""

@@ -40,7 +40,7 @@ import numpy as np
 import torch
 
 from ..core.target import HFTarget
-from .data import Sample, online_taps
+from .data import Sample, online_taps, padded_groups
 from .prompt_labels import prompt_greedy
 
 STORE_FORMAT = 1
@@ -139,10 +139,7 @@ class DistillStore:
             out[o: o + t - 1] = x.to(torch.bfloat16).view(torch.int16).numpy()
         path = self.taps_path(shard, layers)
         path.parent.mkdir(exist_ok=True)
-        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-        with open(tmp, "wb") as f:
-            np.save(f, out)
-        tmp.replace(path)
+        _save_npy(path, out)
         return path
 
     def fill_taps(self, target: HFTarget, max_tokens: int = 8192, log=None) -> int:
@@ -153,16 +150,10 @@ class DistillStore:
             if self.taps_path(shard, target.tap_layer_ids).is_file():
                 continue
             rows = read_shard(shard)
-            order = sorted(range(len(rows)), key=lambda i: len(rows[i].ids))
             taps: list[torch.Tensor | None] = [None] * len(rows)
-            group: list[int] = []
-            for i in order + [None]:
-                if i is not None and (not group or (len(group) + 1) * len(rows[i].ids) <= max_tokens):
-                    group.append(i)
-                    continue
+            for group in padded_groups([len(r.ids) for r in rows], max_tokens):
                 for j, t in zip(group, recompute_taps(target, [rows[g] for g in group]), strict=True):
                     taps[j] = t
-                group = [] if i is None else [i]
             self.write_taps(shard, target.tap_layer_ids, taps)  # type: ignore[arg-type]
             filled += 1
             if log:
@@ -188,10 +179,7 @@ class DistillStore:
             off = sum(int(g[-1] != r.ids[r.prompt_len]) for g, r in zip(greedy, rows, strict=True)
                       if r.prompt_len < len(r.ids))
             flat = np.concatenate(greedy).astype(self.id_dtype)
-            tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-            with open(tmp, "wb") as f:
-                np.save(f, flat)
-            tmp.replace(path)
+            _save_npy(path, flat)
             filled += 1
             if log:
                 log(f"prompt labels: {shard.name} ({len(rows)} rows, {len(flat)} prompt tokens; "
@@ -278,6 +266,14 @@ def read_shard(path: Path) -> list[StoredSample]:
     return [StoredSample(z["ids"][o: o + t], int(p), int(k), int(r))
             for o, t, p, k, r in zip(z["offset"], z["total_len"], z["prompt_len"], z["key"], z["row"],
                                      strict=True)]
+
+
+def _save_npy(path: Path, arr: np.ndarray) -> None:
+    """``arr`` as ``path`` (.npy), written to a temporary file first: a reader never sees half a file."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    with open(tmp, "wb") as f:
+        np.save(f, arr)
+    tmp.replace(path)
 
 
 def _atomic_write(path: Path, data: bytes) -> None:

@@ -25,6 +25,7 @@ import numpy as np
 import torch
 
 from ..core.target import HFTarget
+from .data import padded_groups
 
 
 @torch.no_grad()
@@ -37,14 +38,8 @@ def prompt_greedy(target: HFTarget, prompts: Sequence[np.ndarray], max_tokens: i
     base = model.base_model
     head = model.get_output_embeddings()
     dev = target.device
-    order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))
     out: list[np.ndarray | None] = [None] * len(prompts)
-    start = 0
-    while start < len(order):
-        end = start + 1
-        while end < len(order) and (end - start + 1) * len(prompts[order[end]]) <= max_tokens:
-            end += 1
-        group = order[start:end]
+    for group in padded_groups([len(p) for p in prompts], max_tokens):
         n = len(prompts[group[-1]])
         ids = torch.zeros(len(group), n, dtype=torch.long, device=dev)
         mask = torch.zeros(len(group), n, dtype=torch.long, device=dev)
@@ -59,7 +54,6 @@ def prompt_greedy(target: HFTarget, prompts: Sequence[np.ndarray], max_tokens: i
         best = best.view(len(group), n).cpu().numpy()
         for r, i in enumerate(group):
             out[i] = best[r, : len(prompts[i])]
-        start = end
     return out  # type: ignore[return-value]
 
 

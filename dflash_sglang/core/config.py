@@ -237,6 +237,13 @@ class DFlashConfig:
             )
         return _replace(self, mask_token_id=int(tid))
 
+    def with_extra_layers(self, extra: int) -> DFlashConfig:
+        """This config with ``extra`` more full-attention draft layers on top (train.grow)."""
+        if extra < 1:
+            raise DFlashConfigError(f"extra layers={extra}: grow by at least one layer")
+        types = self.layer_types + ("full_attention",) * extra if self.layer_types else ()
+        return _replace(self, num_hidden_layers=self.num_hidden_layers + extra, layer_types=types)
+
     # ------------------------------------------------------------------ helpers
     @property
     def num_taps(self) -> int:

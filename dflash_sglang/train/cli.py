@@ -21,6 +21,7 @@ import torch
 
 from ..core.config import DFlashConfig, DFlashConfigError, TargetSpec
 from ..settings import settings
+from .grow import grow_layers
 from .loop import TrainConfig, copy_top_layers, init_distributed, init_from_target, rank_device, train
 
 
@@ -57,6 +58,9 @@ def add_train_parser(sub: argparse._SubParsersAction) -> None:
     m.add_argument("--init-layers", choices=("random", "target-top"), default="random",
                    help="a new drafter's layers: random, or copies of the target's top layers (with fc "
                         "starting as the pick of the tap below them; train.loop.copy_top_layers)")
+    m.add_argument("--grow-layers", type=int, default=0,
+                   help="with --init-from: add N draft layers on top that start as the identity (their "
+                        "o_proj/down_proj zero, so step 0 drafts exactly as the checkpoint; train.grow)")
     m.add_argument("--block-size", type=int, default=None, help="default 16")
     m.add_argument("--layers", type=int, default=None, help="default 1")
     m.add_argument("--taps", type=int, default=None,
@@ -106,6 +110,8 @@ def run_train(a: argparse.Namespace) -> int:
 
     if a.prompt_anchors and not a.store:
         raise SystemExit("--prompt-anchors labels prompts of a distill store: give --store")
+    if a.grow_layers and not a.init_from:
+        raise SystemExit("--grow-layers grows a trained drafter: give --init-from (--layers: a new one)")
     if a.threads:
         torch.set_num_threads(a.threads)
     d = init_distributed(a.device)
@@ -136,6 +142,10 @@ def run_train(a: argparse.Namespace) -> int:
 
         drafter.draft_vocab = load_draft_vocab(a.init_from)
         _log(d.main, f"warm start from {a.init_from}")
+        if a.grow_layers:
+            drafter = grow_layers(drafter, a.grow_layers, a.seed)
+            _log(d.main, f"grown to {drafter.cfg.num_hidden_layers} draft layers (the new ones start as "
+                         "the identity)")
     else:
         drafter = init_from_target(random_drafter(dcfg, a.seed), model)
         if a.init_layers == "target-top":
@@ -216,6 +226,8 @@ def _draft_vocab(size: int, samples: list, vocab_size: int, eos: tuple[int, ...]
 
 def warm_start_config(a: argparse.Namespace, target: TargetSpec) -> DFlashConfig:
     """The ``--init-from`` checkpoint's config, checked against the target and any drafter flags given."""
+    if a.grow_layers < 0:
+        raise DFlashConfigError(f"--grow-layers {a.grow_layers}: must be >= 0")
     if a.init_layers != "random":
         raise DFlashConfigError(f"--init-layers {a.init_layers} starts a new drafter; --init-from "
                                 f"{a.init_from} loads one: give one of them")

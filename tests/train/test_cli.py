@@ -87,3 +87,20 @@ def test_init_from_rejects_disagreeing_drafter_flags(tiny_chat_target: Path, tmp
     with pytest.raises(DFlashConfigError, match="--init-layers target-top starts a new drafter"):
         main(_train_args(tiny_chat_target, tmp_path, tmp_path / "y", "--init-from", str(first),
                          "--init-layers", "target-top", "--steps", "1"))
+
+
+def test_grow_layers_warm_starts_a_deeper_drafter(tiny_chat_target: Path, tmp_path: Path) -> None:
+    first = tmp_path / "first"
+    assert main(_train_args(tiny_chat_target, tmp_path, first, "--block-size", "4", "--layers", "1",
+                            "--steps", "1", "--state-dir", str(tmp_path / "s1"))) == 0
+    grown = tmp_path / "grown"
+    assert main(_train_args(tiny_chat_target, tmp_path, grown, "--init-from", str(first),
+                            "--grow-layers", "1", "--lr", "0", "--steps", "1",
+                            "--state-dir", str(tmp_path / "s2"))) == 0
+    a, b = DFlashDrafter.from_pretrained(first), DFlashDrafter.from_pretrained(grown)
+    assert b.cfg.num_hidden_layers == 2 and b.cfg.block_size == 4
+    for name, x in a.state_dict().items():
+        assert torch.equal(b.state_dict()[name], x), name
+    assert not b.layers[1].self_attn.o_proj.weight.any() and b.layers[1].self_attn.q_proj.weight.any()
+    with pytest.raises(SystemExit, match="--grow-layers grows a trained drafter"):
+        main(_train_args(tiny_chat_target, tmp_path, tmp_path / "x", "--grow-layers", "1", "--steps", "1"))

@@ -5,7 +5,7 @@ distinct training tokens, from the ``eval_tau.json`` files the training loop wri
 
 reads ``stage3_eval_tau.json`` (the full run: 1,024 answers), ``data<N>_eval_tau.json`` for the N of
 ``ANSWER_TOKENS`` (the same recipe on the first N answers) and the warm-start runs of ``FRESH_RUNS``
-(500 steps with ``--anchors fresh`` on a store grown with fresh text), and writes ``scaling.png``
+(500-750 steps with ``--anchors fresh`` on a store grown with fresh text), and writes ``scaling.png``
 beside them.
 """
 
@@ -21,7 +21,7 @@ BLOCKS_PER_STEP = 128
 ANSWER_TOKENS = {256: 73_470, 512: 144_960, 1024: 283_336}
 # warm starts (500 steps, --anchors fresh): file stem -> (answers, answer tokens, started from)
 FRESH_RUNS = {"data1664": (1664, 456_773, "stage 3"), "stage4": (1920, 491_482, "stage 3"),
-              "stage5": (2944, 640_778, "stage 4")}
+              "stage5": (2944, 640_778, "stage 4"), "stage6": (3968, 792_321, "stage 5")}
 
 
 def curve(path: Path, key: str = "heldout_acc_len") -> dict[int, float]:
@@ -55,13 +55,14 @@ def main() -> None:
     runs = [(stem, *FRESH_RUNS[stem]) for stem in FRESH_RUNS
             if (a.folder / f"{stem}_eval_tau.json").is_file()]
     xs = [tok / 1000 for _, _, tok, _ in runs]
-    ys = [curve(a.folder / f"{stem}_eval_tau.json", "heldout_fresh_acc_len")[500] for stem, *_ in runs]
+    ends = [curve(a.folder / f"{stem}_eval_tau.json", "heldout_fresh_acc_len") for stem, *_ in runs]
+    ys = [c[max(c)] for c in ends]  # each run's last evaluation
     fresh.plot(xs, ys, "o-")
-    for x, y, (_, n, _, start) in zip(xs, ys, runs, strict=True):
-        fresh.annotate(f"{n} answers\n(from {start})", (x, y), textcoords="offset points", xytext=(4, -18),
-                       fontsize=7)
+    for x, y, c, (_, n, _, start) in zip(xs, ys, ends, runs, strict=True):
+        fresh.annotate(f"{n} answers\n(from {start}, {max(c)} steps)", (x, y), textcoords="offset points",
+                       xytext=(4, -18), fontsize=7)
     fresh.set(xscale="log", xlabel="answer tokens (thousands)", ylabel="held-out fresh-text acc_len",
-              title="warm start + 500 steps, --anchors fresh")
+              title="warm start, --anchors fresh")
     fig.tight_layout()
     fig.savefig(a.folder / "scaling.png", dpi=110)
     print(a.folder / "scaling.png")

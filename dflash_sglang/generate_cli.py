@@ -14,6 +14,7 @@ import torch
 
 from .core.drafter import DFlashDrafter
 from .core.engine import EngineConfig, ReferenceEngine, RequestResult, autoregressive_generate
+from .core.lookup import LookupConfig
 from .core.sampling import SamplingConfig
 from .core.target import HFTarget, load_hf_target
 from .prompts import Prompt, chat_ids, eos_token_ids, first_per_category, load_prompts
@@ -39,6 +40,11 @@ def add_generate_parser(sub: argparse._SubParsersAction) -> None:
                    help="pre-draft block n+1 for the F likeliest outcomes of verify(n) (issue #20; 0: off)")
     p.add_argument("--predraft-thread", action="store_true",
                    help="run the pre-draft on a second thread while the target verifies")
+    p.add_argument("--lookup", choices=["on", "off"], default="on",
+                   help="context lookup drafts (core.lookup): where the newest tokens occurred before in the "
+                        "prompt or output, draft what followed them (default on, as the server; lossless)")
+    p.add_argument("--lookup-ngram", type=int, nargs=2, default=(1, 4), metavar=("MIN", "MAX"),
+                   help="suffix lengths the lookup tries, longest first (default 1 4)")
     p.add_argument("--limit", type=int, default=None)
     p.add_argument("--per-category", type=int, default=None,
                    help="first N prompts of every category (applied before --limit)")
@@ -79,8 +85,10 @@ def build(args: argparse.Namespace) -> Setup:
     head_dtype = {"auto": None, "target": model.dtype, "bfloat16": torch.bfloat16}[args.draft_head_dtype]
     if args.full_draft_vocab:
         drafter.draft_vocab = None
+    lookup = LookupConfig(*args.lookup_ngram) if args.lookup == "on" else None
     cfg = EngineConfig(block, args.max_new_tokens, eos, args.sampling_mode, head_dtype,
-                       predraft_fanout=args.predraft_fanout, predraft_thread=args.predraft_thread)
+                       predraft_fanout=args.predraft_fanout, predraft_thread=args.predraft_thread,
+                       lookup=lookup)
     return Setup(ReferenceEngine(target, drafter, cfg), target, tok, eos)
 
 
@@ -114,6 +122,9 @@ def run_generate(args: argparse.Namespace) -> int:
     stats = summarize(prompts, spec, spec_time, base, base_time, s.engine.cfg.block_size, args)
     if s.engine.predrafter is not None:
         stats["predraft"] = {**s.engine.predrafter.stats.to_dict(), "where": s.engine.predrafter.where}
+    if s.engine.cfg.lookup is not None:
+        stats["lookup"] = {**s.engine.lookup_stats.to_dict(), "min_ngram": s.engine.cfg.lookup.min_ngram,
+                           "max_ngram": s.engine.cfg.lookup.max_ngram}
     if not args.json:
         for p, r in zip(prompts[:3], spec, strict=False):
             print(f"--- {p.text[:70]!r}\n{s.tokenizer.decode(r.output_ids)}\n")

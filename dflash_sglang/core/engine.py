@@ -22,6 +22,7 @@ import torch
 from .draft_cache import DraftContextCache
 from .draft_head import DraftHead
 from .drafter import ContextKV, DFlashDrafter
+from .lookup import LookupConfig, LookupStats, overlay_lookup
 from .predraft import Calibration, DraftBelief, PreDrafts, PreDraftStats, predict_outcomes, predraft_block
 from .sampling import SamplingConfig, probs_from_logits, sample_from_probs
 from .streams import StreamPlan
@@ -47,6 +48,9 @@ class EngineConfig:
     # CPU: run that pre-draft on a second thread while the target verifies (on CUDA it always runs on
     # the drafter's side stream, event-ordered: PreDrafter)
     predraft_thread: bool = False
+    # context lookup drafts (core.lookup): rows whose newest n-gram occurred before in their own text
+    # draft its continuation instead of the drafter's guess; None: the drafter alone
+    lookup: LookupConfig | None = None
 
     def __post_init__(self) -> None:
         if self.block_size < 1:
@@ -104,6 +108,7 @@ class ReferenceEngine:
         self.head = DraftHead.build(target.lm_head_weight, drafter.draft_vocab, cfg.draft_head_dtype)
         fanout = cfg.predraft_fanout if cfg.block_size > 1 else 0
         self.predrafter = PreDrafter(self, fanout, calibration or Calibration.identity()) if fanout else None
+        self.lookup_stats = LookupStats()
 
     @torch.no_grad()
     def generate(
@@ -117,6 +122,7 @@ class ReferenceEngine:
         batch = _retire(batch, results, self.cfg)
         while batch is not None:
             block, draft_probs, logits = self._draft(batch, generator)
+            placed = self._lookup(batch, block, draft_probs, prompts, results)
             positions = _block_positions(batch, self.cfg.block_size)
             pending = None if self.predrafter is None else self.predrafter.start(batch, block, draft_probs,
                                                                                  logits, generator)
@@ -127,9 +133,20 @@ class ReferenceEngine:
                 self.observer(StepRecord(batch.req, block, full, res))
             if pending is not None:  # joined before commit: the pre-draft reads the draft context
                 self.predrafter.finish(batch, pending.result(), res)
+            if placed is not None:
+                self.lookup_stats.record(placed, res.num_committed)
             self._commit(batch, block, out.taps, res, results)
             batch = _retire(batch, results, self.cfg)
         return results
+
+    def _lookup(self, b: _Batch, block: torch.Tensor, draft_probs: torch.Tensor | None,
+                prompts: list[list[int]], results: list[RequestResult]) -> list[int] | None:
+        """Context lookup drafts over the drafter's (core.lookup), in place; -> [bs] lookup tokens per
+        row, None when lookup is off or the block holds no drafts."""
+        if self.cfg.lookup is None or block.shape[1] < 2:
+            return None
+        history = [prompts[r] + results[r].output_ids for r in b.req.tolist()]  # ends with b.last
+        return overlay_lookup(block, draft_probs, history, self.cfg.lookup)
 
     def _draft(
         self, b: _Batch, generator: torch.Generator | None

@@ -7,6 +7,7 @@ import torch
 
 from dflash_sglang.core.drafter import DFlashDrafter
 from dflash_sglang.core.engine import EngineConfig, ReferenceEngine, autoregressive_generate
+from dflash_sglang.core.lookup import LookupConfig
 from dflash_sglang.core.sampling import SamplingConfig
 from dflash_sglang.core.target import HFTarget
 
@@ -97,6 +98,21 @@ def test_random_drafter_lossless_20_prompts(
         got.extend(r.output_ids for r in eng.generate(chunk, SamplingConfig.uniform(len(chunk))))
     mismatches = [i for i, (g, w) in enumerate(zip(got, reference_64, strict=True)) if g != w]
     assert not mismatches, f"prompts {mismatches} differ from the target's greedy output"
+
+
+@pytest.mark.parametrize("block", [4, 16])
+def test_lookup_drafts_are_lossless_and_accepted(
+    smollm2, spec_bench_ids, random_drafter_16, reference_64, block
+):
+    """Context lookup over a random drafter: the output is still the target's greedy output, batched,
+    and the lookup rows commit more than one token per step (the random drafter's rows commit ~1)."""
+    model, _ = smollm2
+    target = HFTarget(model, random_drafter_16.cfg.target_layer_ids)
+    eng = ReferenceEngine(target, random_drafter_16, EngineConfig(block, 64, EOS, lookup=LookupConfig(1, 4)))
+    got = eng.generate(spec_bench_ids[:4], SamplingConfig.uniform(4))
+    assert [r.output_ids for r in got] == reference_64[:4]
+    st = eng.lookup_stats.to_dict()
+    assert st["lookup_steps"] > 0 and st["lookup_tau"] > 1.2 > st["drafter_tau"], st
 
 
 def test_plain_decoding_equals_hf_generate(smollm2, spec_bench_ids, reference_64):

@@ -8,6 +8,7 @@ import torch
 from scipy.stats import chisquare
 
 from dflash_sglang.core.engine import EngineConfig, ReferenceEngine, autoregressive_generate
+from dflash_sglang.core.lookup import LookupConfig
 from dflash_sglang.core.random_drafter import drafter_config_for, random_drafter
 from dflash_sglang.core.sampling import SamplingConfig, probs_from_logits
 from dflash_sglang.core.target import HFTarget
@@ -76,14 +77,15 @@ def marginal(law, idx: tuple[int, ...]):
 
 
 def run_engine(tiny, mode: str, temperature: float, top_k: int = 0, top_p: float = 1.0, seed: int = 0,
-               draft_vocab: list[int] | None = None):
+               draft_vocab: list[int] | None = None, lookup: LookupConfig | None = None):
     model, drafter = tiny
     drafter.draft_vocab = None if draft_vocab is None else torch.tensor(draft_vocab)
     eng = ReferenceEngine(
         HFTarget(model, drafter.cfg.target_layer_ids),
         drafter,
-        EngineConfig(block_size=4, max_new_tokens=3, sampling_mode=mode),
+        EngineConfig(block_size=4, max_new_tokens=3, sampling_mode=mode, lookup=lookup),
     )
+    run_engine.last = eng  # type: ignore[attr-defined]
     sampling = SamplingConfig.uniform(N, temperature, top_k, top_p)
     res = eng.generate([PROMPT] * N, sampling, torch.Generator().manual_seed(seed))
     drafter.draft_vocab = None
@@ -117,6 +119,20 @@ def test_draft_vocabulary_subset_keeps_the_target_law(tiny):
     for idx in [(1,), (2,), (0, 1), (1, 2)]:
         p = chi2_pvalue([tuple(s[i] for i in idx) for s in samples], marginal(law, idx))
         assert p > 1e-3, f"draft subset: tokens {idx} deviate from the target law (p={p:.2e})"
+
+
+@pytest.mark.parametrize("mode", ["rejection", "target_only"])
+def test_lookup_drafts_keep_the_target_law(tiny, mode):
+    """With 10 tokens a step often finds its last token earlier in the text (about a fifth of the rows
+    after the prompt [1, 2, 3]) and drafts by lookup (one-hot q); the output law is still exactly the
+    target's."""
+    samples, sampling, res = run_engine(tiny, mode, 1.0, seed=11, lookup=LookupConfig(1, 4))
+    st = run_engine.last.lookup_stats  # type: ignore[attr-defined]
+    assert st.lookup_steps > 1000 and st.drafter_steps > 1000 and st.lookup_committed > st.lookup_steps
+    law = exact_law(tiny[0], sampling, 3)
+    for idx in [(1,), (2,), (0, 1), (1, 2)]:
+        p = chi2_pvalue([tuple(s[i] for i in idx) for s in samples], marginal(law, idx))
+        assert p > 1e-3, f"lookup ({mode}): tokens {idx} deviate from the target law (p={p:.2e})"
 
 
 def test_plain_sampling_matches_target_law(tiny):

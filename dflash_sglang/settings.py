@@ -24,6 +24,7 @@ DATA_ENV = "DFLASH_SGLANG_DATA"
 THREADS_ENV = "DFLASH_SGLANG_SERVER_THREADS"
 GRAMMAR_DRAFT_ENV = "DFLASH_SGLANG_GRAMMAR_DRAFT"
 HOST_READ_AUDIT_ENV = "DFLASH_SGLANG_HOST_READ_AUDIT"
+LOOKUP_ENV = "DFLASH_SGLANG_LOOKUP"
 
 
 class SettingsError(ValueError):
@@ -76,6 +77,7 @@ VARS: tuple[Var, ...] = (
     Var(THREADS_ENV, "server_threads", "1", _positive_int),
     Var(GRAMMAR_DRAFT_ENV, "grammar_draft", "on", _choice("on", "off")),
     Var(HOST_READ_AUDIT_ENV, "host_read_audit", "off", _choice("on", "off")),
+    Var(LOOKUP_ENV, "lookup", "auto", _choice("auto", "on", "off")),
 )
 
 
@@ -90,6 +92,8 @@ class Settings:
     server_threads: int  # OpenMP threads of a server started by the bench harness or the tests
     grammar_draft: str  # "on" | "off": constrained requests draft under their grammar's masks
     host_read_audit: str  # "on" | "off": log the host reads (syncs) of every decode step
+    lookup: str  # "auto" | "on" | "off": context lookup drafts (core.lookup; auto: on where the host
+    # read of the committed tokens costs no device sync, i.e. on CPU)
 
     @classmethod
     def from_env(cls, env: Mapping[str, str]) -> Settings:

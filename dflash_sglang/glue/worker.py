@@ -31,6 +31,7 @@ from ..core.config import DFlashConfigError, TargetSpec
 from ..core.draft_head import load_draft_vocab
 from ..core.grammar import BlockGrammar, BlockMasks
 from ..core.host_reads import count_host_reads
+from ..core.lookup import LookupConfig, overlay_lookup
 from ..core.sampling import probs_from_logits, sample_from_probs
 from ..core.streams import StreamPlan
 from ..core.verify import verify
@@ -79,11 +80,13 @@ class DFlashWorker(BaseSpecWorker):
         self.kernels = choose_kernels(self.device, head_sharded=self.draft_model.shard.tp > 1)
         self.policy = _block_policy(self.block_size, self.device, self.vocab.tp)
         self.history = CommittedHistory()  # committed output one step ahead of req.output_ids (overlap)
+        self.lookup = _lookup_config(self.device)  # context lookup drafts: every request's text is tracked
         self.stats = {"injected": 0, "draft_forwards": 0, "switches_logged": 0}
         logger.info("dflash-sglang: our DFlash worker runs (block %d, taps %s, sampling %s, streams %s, "
-                    "adaptive block %s, kernels %s, draft vocabulary %d)", self.block_size,
+                    "adaptive block %s, kernels %s, draft vocabulary %d, lookup %s)", self.block_size,
                     list(self.draft_model.cfg.target_layer_ids), self.sampling_mode, self.streams.kind,
-                    "on" if self.policy else "off", self.kernels.name, self.vocab.size)
+                    "on" if self.policy else "off", self.kernels.name, self.vocab.size,
+                    "on" if self.lookup else "off")
 
     # ------------------------------------------------------------------ SGLang API
     def weight_update_runners(self) -> list[tuple[str, Any]]:
@@ -197,7 +200,7 @@ class DFlashWorker(BaseSpecWorker):
                   counts: torch.Tensor | None = None) -> None:
         """Extends the committed trail of requests whose scores read their history: after a prefill
         (first [bs]) or a decode step (committed [bs, B] -1 padded, counts [bs])."""
-        rows = [i for i, r in enumerate(batch.reqs) if needs_history(r)]
+        rows = [i for i, r in enumerate(batch.reqs) if self.lookup is not None or needs_history(r)]
         if not rows:
             return
         if first is not None:
@@ -226,11 +229,22 @@ class DFlashWorker(BaseSpecWorker):
             return self._draft_under_grammar(block, whole, sampling, grammar, greedy)
         if greedy:
             block.tokens[:, 1:] = self.vocab.argmax_tokens(logits)
+            self._lookup(batch, block, None)
             return None, None
         head = self.vocab.whole_head
         q = probs_from_logits(self.vocab.whole_logits(logits).float(), sampling)  # [bs, B-1, V']
         block.tokens[:, 1:] = head.to_tokens(sample_from_probs(q, self.generator))
-        return head.full(q), None
+        return self._lookup(batch, block, head.full(q)), None
+
+    def _lookup(self, batch: Any, block: Block, draft_probs: torch.Tensor | None) -> torch.Tensor | None:
+        """Context lookup drafts over the drafter's, in place (core.lookup); -> draft_probs [bs, B-1, V]
+        with one-hot rows where lookup drafted (None stays None). Every rank computes the same drafts:
+        the committed text is the same on all of them."""
+        if self.lookup is not None:
+            outputs = self.history.outputs(batch.reqs)
+            texts = [list(r.origin_input_ids) + out for r, out in zip(batch.reqs, outputs, strict=True)]
+            overlay_lookup(block.tokens, draft_probs, texts, self.lookup)
+        return draft_probs
 
     def _draft_under_grammar(self, block: Block, logits: torch.Tensor, sampling: Any, grammar: BlockGrammar,
                              greedy: bool) -> tuple[torch.Tensor | None, BlockMasks]:
@@ -303,6 +317,15 @@ def _block_policy(block_size: int, device: Any, tp: int) -> BlockPolicy | None:
                        "steps independently); fixed block %d", block_size)
         return None
     return BlockPolicy(block_size) if on and block_size > 1 else None
+
+
+def _lookup_config(device: Any) -> LookupConfig | None:
+    """Context lookup drafts read each request's committed tokens on the host every step: free on the
+    CPU, a device sync per step on an accelerator (which would stall the overlap pipeline), so ``auto``
+    turns them on for CPU targets only; a device-side lookup is planned."""
+    mode = settings().lookup
+    on = mode == "on" or (mode == "auto" and torch.device(device).type == "cpu")
+    return LookupConfig() if on else None
 
 
 def _resolved_block_size(draft: Any) -> int:

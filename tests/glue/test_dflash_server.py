@@ -30,10 +30,13 @@ STRICT = {"SGLANG_ENABLE_STRICT_MEM_CHECK_DURING_IDLE": "1", "DFLASH_SGLANG_ADAP
 # is a device sync: both sites read host-side tensors. The CPU platform's attention backend lists the
 # batch's pool rows and lengths when it builds its padded metadata (twice per forward: SGLang initialises
 # it when building the ForwardBatch and again in the forward; two forwards, draft and target), and our
-# verify-batch builder sums the host mirror of the sequence lengths (once per forward). The worker and
-# core read nothing, greedy or sampled: a new .item()/.tolist()/bool() in the step fails here.
+# verify-batch builder sums the host mirror of the sequence lengths (once per forward). The context lookup
+# drafts (on by default on the CPU) copy the previous step's committed tokens and counts to the host once
+# per step (history.py, two reads for the batch). Nothing else in the worker or core reads, greedy or
+# sampled: a new .item()/.tolist()/bool() in the step fails here.
 AUDITED = {**STRICT, "DFLASH_SGLANG_HOST_READ_AUDIT": "on"}  # dflash16 and dflash16_loop share servers
-HOST_READS = {"attention.py:init_forward_metadata": 8, "worker.py:_verify_forward_batch": 2}
+HOST_READS = {"attention.py:init_forward_metadata": 8, "worker.py:_verify_forward_batch": 2,
+              "history.py:_to_host": 2}
 HOST_READ_LINE = re.compile(r"host reads in decode step: \d+ \{.*\} \(batch \d+, (greedy|sampled)\) "
                             r"at (\{.*\})")
 
@@ -115,13 +118,15 @@ def test_greedy_identical_with_the_adaptive_policy(sglang_server, drafter_path, 
 
 
 def test_server_tau_equals_the_reference_engine(dflash16, drafter_path, target_path, prompt_ids, reference):
-    """At a fixed block the server drafts and verifies exactly like the reference engine: same output,
-    same acceptance (committed tokens per verify step) within 2%. A server that drafted from stale or
-    missing context would still be lossless, but its tau would fall below the engine's."""
+    """At a fixed block the server drafts and verifies exactly like the reference engine, context lookup
+    drafts included (on by default on the CPU): same output, same acceptance (committed tokens per
+    verify step) within 2%. A server that drafted from stale or missing context, or looked up in a
+    stale history, would still be lossless, but its tau would fall below the engine's."""
     import torch
 
     from dflash_sglang.core.drafter import DFlashDrafter
     from dflash_sglang.core.engine import EngineConfig, ReferenceEngine
+    from dflash_sglang.core.lookup import LookupConfig
     from dflash_sglang.core.sampling import SamplingConfig
     from dflash_sglang.core.target import HFTarget, load_hf_target
     from dflash_sglang.prompts import eos_token_ids
@@ -134,8 +139,9 @@ def test_server_tau_equals_the_reference_engine(dflash16, drafter_path, target_p
     model, tok = load_hf_target(str(target_path))
     drafter = DFlashDrafter.from_pretrained(drafter_path)
     engine = ReferenceEngine(HFTarget(model, drafter.cfg.target_layer_ids), drafter,
-                             EngineConfig(16, NEW, eos_token_ids(model, tok)))
+                             EngineConfig(16, NEW, eos_token_ids(model, tok), lookup=LookupConfig()))
     runs = [engine.generate([p], SamplingConfig.uniform(1))[0] for p in prompts]
+    assert engine.lookup_stats.lookup_steps > 0
     assert [r.output_ids for r in runs] == reference[:8]
     engine_tau = sum(len(r.output_ids) - 1 for r in runs) / sum(r.steps for r in runs)
     assert engine_tau > 1.05, f"the drafter accepts almost nothing (engine tau {engine_tau:.3f})"

@@ -60,6 +60,10 @@ def add_bench_parser(sub: argparse._SubParsersAction) -> None:
                         "`dflash-sglang models pad-heads`)")
     p.add_argument("--ngram-draft-tokens", type=int, default=8,
                    help="--speculative-num-draft-tokens of NGRAM")
+    p.add_argument("--dtype", choices=DTYPES, default="float32",
+                   help="--dtype of every server (default: the launcher's float32; with bfloat16 a verify "
+                        "block costs about one decode step on AVX-512 BF16 CPUs, where float32 GEMMs slow "
+                        "down with the block's rows)")
     p.add_argument("--server-threads", type=int, default=None,
                    help=f"OMP threads per server (default: ${THREADS_ENV} or 1)")
     p.add_argument("--startup-timeout", type=float, default=600.0, help="seconds for a server to get healthy")
@@ -70,6 +74,15 @@ def add_bench_parser(sub: argparse._SubParsersAction) -> None:
 
 
 SCHEDULERS = ("overlap", "no-overlap", "both")
+DTYPES = ("float32", "bfloat16")  # float32: BASE_SERVER_ARGS' own
+
+
+def common_server_args(concurrency: Sequence[int], dtype: str) -> tuple[str, ...]:
+    """Arguments every server of the run gets: room for the largest concurrency, the model dtype."""
+    args: tuple[str, ...] = ()
+    if max(concurrency) > BASE_MAX_RUNNING:
+        args += ("--max-running-requests", str(max(concurrency)))
+    return args if dtype == "float32" else (*args, "--dtype", dtype)  # the last --dtype wins
 
 
 def with_scheduler(specs: list[MethodSpec], scheduler: str) -> list[MethodSpec]:
@@ -179,6 +192,7 @@ def settings_of(args: argparse.Namespace, target: str, drafter: str | None, work
         "ngram_draft_tokens": args.ngram_draft_tokens,
         "tp": list(tp_sizes),
         "server_threads": setup.threads or settings().server_threads,
+        "dtype": args.dtype,
         "platform": PLATFORM_NAME,
         "base_server_args": [*BASE_SERVER_ARGS, *setup.common_args],
         "per_level": "one warm-up request per server, then the radix cache is flushed before every level",
@@ -223,7 +237,7 @@ def run_bench(args: argparse.Namespace) -> int:
     workload = Workload(load_bench_prompts(args.prompts, args.limit, target),
                         Sampling(args.max_new_tokens, args.temperature, args.ignore_eos),
                         concurrency, args.request_timeout)
-    common = ("--max-running-requests", str(max(concurrency))) if max(concurrency) > BASE_MAX_RUNNING else ()
+    common = common_server_args(concurrency, args.dtype)
     setup = ServerSetup(target, out_dir / "logs", args.startup_timeout, args.server_threads, common)
     specs = with_tp(with_scheduler(method_specs(names, drafter, args.block_size, args.ngram_draft_tokens),
                                    args.scheduler), tp_sizes)

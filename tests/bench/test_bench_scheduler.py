@@ -27,3 +27,13 @@ def test_tp_sizes_above_one_rerun_every_method_with_tp_size() -> None:
     assert both[:2] == specs
     assert [s.extra_args[-2:] for s in both[2:]] == [("--tp-size", "2")] * 2
     assert both[3].extra_args[:-2] == specs[1].extra_args and both[3].env == specs[1].env
+
+
+def test_common_server_args_carry_the_dtype_and_the_running_cap() -> None:
+    from dflash_sglang.bench.cli import BASE_MAX_RUNNING, common_server_args
+
+    assert common_server_args([1, 8], "float32") == ()  # BASE_SERVER_ARGS hold --dtype float32
+    assert common_server_args([1, 8], "bfloat16") == ("--dtype", "bfloat16")
+    big = BASE_MAX_RUNNING + 4
+    want = ("--max-running-requests", str(big), "--dtype", "bfloat16")
+    assert common_server_args([1, big], "bfloat16") == want

@@ -198,8 +198,9 @@ class DFlashWorker(BaseSpecWorker):
 
     def _remember(self, batch: Any, first: torch.Tensor | None = None, committed: torch.Tensor | None = None,
                   counts: torch.Tensor | None = None) -> None:
-        """Extends the committed trail of requests whose scores read their history: after a prefill
-        (first [bs]) or a decode step (committed [bs, B] -1 padded, counts [bs])."""
+        """Extends the committed trail of requests whose scores read their history (every request while
+        context lookup drafts are on): after a prefill (first [bs]) or a decode step (committed [bs, B]
+        -1 padded, counts [bs])."""
         rows = [i for i, r in enumerate(batch.reqs) if self.lookup is not None or needs_history(r)]
         if not rows:
             return

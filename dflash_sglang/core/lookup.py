@@ -59,30 +59,27 @@ def lookup_continuation(history: Sequence[int], length: int, cfg: LookupConfig) 
 
 
 def overlay_lookup(block: torch.Tensor, draft_probs: torch.Tensor | None,
-                   histories: Sequence[Sequence[int]], cfg: LookupConfig,
-                   rows: Sequence[int] | None = None) -> list[int]:
+                   histories: Sequence[Sequence[int]], cfg: LookupConfig) -> list[int]:
     """Replace the drafts of block [bs, B] (position 0: the last committed token, drafts at 1..B-1) by
     lookup continuations where one exists, in place; draft_probs [bs, B-1, V] (None: argmax drafts)
     gets one-hot rows at those positions, so sampled verification stays exact.
 
-    histories[i]: request i's committed tokens, prompt + output, ending with block[i, 0]; ``rows``
-    limits the overlay to those batch rows (None: all). -> lookup tokens placed per row [bs]. Only
-    writes to device tensors: nothing is read back."""
+    histories[i]: request i's committed tokens, prompt + output, ending with block[i, 0]. -> lookup
+    tokens placed per row [bs] (0 or B-1). Only writes to device tensors: nothing is read back."""
     bsz, nb = block.shape
     placed = [0] * bsz
     if nb < 2:
         return placed
-    for i in range(bsz) if rows is None else rows:
-        prop = lookup_continuation(histories[i], nb - 1, cfg)
+    for i in range(bsz):
+        prop = lookup_continuation(histories[i], nb - 1, cfg)  # [] or all B-1 drafts
         if not prop:
             continue
-        m = len(prop)
         ids = torch.tensor(prop, dtype=block.dtype).to(block.device, non_blocking=True)
-        block[i, 1:1 + m] = ids
+        block[i, 1:] = ids
         if draft_probs is not None:
-            draft_probs[i, :m] = 0
-            draft_probs[i, :m].scatter_(-1, ids.to(draft_probs.device)[:, None], 1.0)
-        placed[i] = m
+            draft_probs[i] = 0
+            draft_probs[i].scatter_(-1, ids.to(draft_probs.device)[:, None], 1.0)
+        placed[i] = len(prop)
     return placed
 
 

@@ -85,11 +85,10 @@ def run_engine(tiny, mode: str, temperature: float, top_k: int = 0, top_p: float
         drafter,
         EngineConfig(block_size=4, max_new_tokens=3, sampling_mode=mode, lookup=lookup),
     )
-    run_engine.last = eng  # type: ignore[attr-defined]
     sampling = SamplingConfig.uniform(N, temperature, top_k, top_p)
     res = eng.generate([PROMPT] * N, sampling, torch.Generator().manual_seed(seed))
     drafter.draft_vocab = None
-    return [tuple(r.output_ids) for r in res], sampling, res
+    return [tuple(r.output_ids) for r in res], sampling, res, eng
 
 
 @pytest.mark.parametrize(
@@ -101,7 +100,7 @@ def run_engine(tiny, mode: str, temperature: float, top_k: int = 0, top_p: float
     ],
 )
 def test_engine_sampling_matches_target_law(tiny, mode, temperature, top_k, top_p):
-    samples, sampling, res = run_engine(tiny, mode, temperature, top_k, top_p)
+    samples, sampling, res, _ = run_engine(tiny, mode, temperature, top_k, top_p)
     assert all(len(s) == 3 for s in samples)
     assert max(k for r in res for k in r.committed_per_step) > 1  # drafts were accepted sometimes
     law = exact_law(tiny[0], sampling, 3)
@@ -113,7 +112,7 @@ def test_engine_sampling_matches_target_law(tiny, mode, temperature, top_k, top_
 
 def test_draft_vocabulary_subset_keeps_the_target_law(tiny):
     """Drafts only from 4 of the 10 tokens (q = 0 elsewhere): the output law is still the target's."""
-    samples, sampling, res = run_engine(tiny, "rejection", 1.0, draft_vocab=[1, 3, 4, 7], seed=5)
+    samples, sampling, res, _ = run_engine(tiny, "rejection", 1.0, draft_vocab=[1, 3, 4, 7], seed=5)
     assert max(k for r in res for k in r.committed_per_step) > 1
     law = exact_law(tiny[0], sampling, 3)
     for idx in [(1,), (2,), (0, 1), (1, 2)]:
@@ -126,8 +125,8 @@ def test_lookup_drafts_keep_the_target_law(tiny, mode):
     """With 10 tokens a step often finds its last token earlier in the text (about a fifth of the rows
     after the prompt [1, 2, 3]) and drafts by lookup (one-hot q); the output law is still exactly the
     target's."""
-    samples, sampling, res = run_engine(tiny, mode, 1.0, seed=11, lookup=LookupConfig(1, 4))
-    st = run_engine.last.lookup_stats  # type: ignore[attr-defined]
+    samples, sampling, _, eng = run_engine(tiny, mode, 1.0, seed=11, lookup=LookupConfig(1, 4))
+    st = eng.lookup_stats
     assert st.lookup_steps > 1000 and st.drafter_steps > 1000 and st.lookup_committed > st.lookup_steps
     law = exact_law(tiny[0], sampling, 3)
     for idx in [(1,), (2,), (0, 1), (1, 2)]:
@@ -159,7 +158,7 @@ def test_biased_engine_fails_the_check(tiny, monkeypatch):
         return VerifyResult(full, bonus, committed, full + 1)
 
     monkeypatch.setattr(engine_mod, "verify", accept_all)
-    samples, sampling, _ = run_engine(tiny, "rejection", 1.0)
+    samples, sampling, _, _ = run_engine(tiny, "rejection", 1.0)
     law = exact_law(tiny[0], sampling, 3)
     pvals = [
         chi2_pvalue([tuple(s[i] for i in idx) for s in samples], marginal(law, idx))
